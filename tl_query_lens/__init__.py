@@ -1,0 +1,17 @@
+"""tl_query_lens: Query Lens, FF-KV, readout SAEs and certification for TransformerLens / SAELens."""
+
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.dictionaries import FFKV, FFKVSAE, FFKVSAEConfig, KeyValueView, as_key_value
+from tl_query_lens.models import load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FFKV",
+    "FFKVSAE",
+    "FFKVSAEConfig",
+    "KeyValueView",
+    "as_key_value",
+    "load_corpus",
+    "load_model",
+]

