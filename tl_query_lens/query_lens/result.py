@@ -37,6 +37,7 @@ class Signatures(SavableResult):
         top_strings / bottom_strings: decoded tokens when the model has a tokenizer.
         module_names / module_shares: first-order decomposition (``method="first_order"``): share of the top-k scores
             carried by the direct term ``v`` and by each downstream module's ``J̄ v`` (see ``QueryLens``); rows sum to 1.
+            ``module_contributions`` holds the same terms in logit units, summed over the top-k tokens.
         model_name / corpus_fingerprint / n_tokens / skip_positions: provenance.
     """
 
@@ -56,6 +57,7 @@ class Signatures(SavableResult):
     bottom_strings: list[list[str]] | None = None
     module_names: list[str] | None = None
     module_shares: Float[torch.Tensor, "n_features n_terms"] | None = None
+    module_contributions: Float[torch.Tensor, "n_features n_terms"] | None = None
     model_name: str = ""
     corpus_fingerprint: str = ""
     n_tokens: int = 0
