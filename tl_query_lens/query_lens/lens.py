@@ -228,7 +228,7 @@ class QueryLens:
             basis = centred_embeddings(model, center)  # reuse across chunks
         tops, top_scores, bottoms, bottom_scores = [], [], [], []
         starts = range(0, len(ids), self.feature_chunk)
-        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4):
+        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self._engine["progress"]):
             chunk = directions[start: start + self.feature_chunk]
             if basis is not None:
                 scores = chunk.to(basis) @ basis.T
