@@ -6,8 +6,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tests.helpers import tiny_model, tiny_tokens
-from tl_query_lens.operators import key_operators, value_operators
 from tests.test_operators import KEY_HOOKS, VALUE_HOOKS
+from tl_query_lens.operators import key_operators, value_operators
 
 
 def main(out: Path) -> None:

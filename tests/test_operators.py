@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_model, tiny_tokens
-from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
-from tl_query_lens.operators import engine
+from tl_query_lens.operators import OperatorSet, engine, key_operators, module_operators, value_operators
 
 VALUE_HOOKS = ["hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_mid", "blocks.2.hook_resid_pre"]
 KEY_HOOKS = ["blocks.0.ln2.hook_normalized", "blocks.1.hook_resid_mid", "blocks.2.mlp.hook_post"]
@@ -27,11 +26,11 @@ def test_reverse_and_forward_sweeps_agree(style, kind):
     model = tiny_model(style)
     tokens = tiny_tokens(model)
     if kind == "value":
-        run = lambda d: value_operators(model, tokens, VALUE_HOOKS, direction=d, chunk=20, progress=False)  # noqa: E731
+        run = lambda d: value_operators(model, tokens, VALUE_HOOKS, direction=d, chunk=20, progress=False)
     elif kind == "key":
-        run = lambda d: key_operators(model, tokens, KEY_HOOKS, direction=d, chunk=24, progress=False)  # noqa: E731
+        run = lambda d: key_operators(model, tokens, KEY_HOOKS, direction=d, chunk=24, progress=False)
     else:
-        run = lambda d: module_operators(model, tokens, direction=d, chunk=16, skip_positions=2,  # noqa: E731
+        run = lambda d: module_operators(model, tokens, direction=d, chunk=16, skip_positions=2,
                                          progress=False)
     reverse, forward = run("reverse"), run("forward")
     assert reverse.hooks == forward.hooks and reverse.count == forward.count

@@ -292,7 +292,7 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
     either direction gives every module. Other arguments as in :func:`value_operators`.
     """
     n_layers = model.cfg.n_layers
-    layers = list(range(n_layers)) if layers is None else sorted(set(int(k) for k in layers))
+    layers = list(range(n_layers)) if layers is None else sorted({int(k) for k in layers})
     bad = [k for k in layers if not 0 <= k < n_layers]
     if bad or not layers:
         raise ValueError(f"layers {bad or layers} out of range for a model with {n_layers} layers.")

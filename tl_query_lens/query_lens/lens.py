@@ -85,8 +85,8 @@ class QueryLens:
         self.tokens = check_tokens(model, tokens, skip_positions)
         self.skip_positions = skip_positions
         self.feature_chunk = feature_chunk
-        self._engine = dict(skip_positions=skip_positions, chunk=chunk, batch_size=batch_size, cache_dir=cache_dir,
-                            progress=progress)
+        self._engine = {"skip_positions": skip_positions, "chunk": chunk, "batch_size": batch_size, "cache_dir": cache_dir,
+                            "progress": progress}
         self._value: dict[str, torch.Tensor] = {}
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
