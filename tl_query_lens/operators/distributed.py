@@ -36,7 +36,8 @@ def all_reduce_sums(sums: dict[str, torch.Tensor], count: int) -> tuple[dict[str
         tensor = value.clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         out[name] = tensor
-    total = torch.tensor([count], dtype=torch.float64)
+    device = next(iter(sums.values())).device if sums else torch.device("cpu")
+    total = torch.tensor([count], dtype=torch.float64, device=device)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return out, int(total.item())
 

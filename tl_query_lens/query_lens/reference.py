@@ -56,16 +56,11 @@ def mlp_update(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torc
 def _normalized(norm, x: torch.Tensor) -> torch.Tensor:
     """A TL norm's ``hook_normalized`` value (before its weight/bias), captured by a temporary hook."""
     grabbed = {}
-
-    def grab(act, hook):
-        grabbed["x"] = act
-
-    handle = norm.hook_normalized.add_hook(grab)
+    handle = norm.hook_normalized.register_forward_hook(lambda module, args, out: grabbed.__setitem__("x", out))
     try:
         norm(x)
     finally:
-        norm.hook_normalized.remove_hooks()
-    del handle
+        handle.remove()
     return grabbed["x"]
 
 
