@@ -85,11 +85,13 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"speed-up reference/engine: {ratio:.1f}x (target >= 20x)")
     rss = peak_rss_mib()
     print(f"peak RSS: {rss:.0f} MiB (after model load {rss_model:.0f} MiB; ru_maxrss of the whole process)")
-    figures = {"tokens": list(tokens.shape), "threads": torch.get_num_threads(), "n_layers": n_layers,
-                   "n_features": n_features, "reference_s_per_feature": per_side, "reference_sample": args.sample,
-                   "reference_total_s_scaled": reference_total, "engine_operators_s": operators_s,
-                   "engine_total_s": engine_total, "ratio": ratio, "peak_rss_mib": rss, "model_rss_mib": rss_model,
-                   "chunk": args.chunk}
+    figures = {
+        "tokens": list(tokens.shape), "threads": torch.get_num_threads(), "n_layers": n_layers,
+        "n_features": n_features, "reference_s_per_feature": per_side, "reference_sample": args.sample,
+        "reference_total_s_scaled": reference_total, "engine_operators_s": operators_s,
+        "engine_total_s": engine_total, "ratio": ratio, "peak_rss_mib": rss, "model_rss_mib": rss_model,
+        "chunk": args.chunk,
+    }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(figures, handle, indent=2)
