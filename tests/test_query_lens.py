@@ -9,7 +9,7 @@ from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens import FFKV, QueryLens, query_lens_reference
 from tl_query_lens.query_lens import Signatures, downstream_modules
 
-FEATURES = [0, 5, 17]
+FEATURES = [0, 17]
 CASES = [("value", "full"), ("value", "first_order"), ("key", "full")]
 
 
