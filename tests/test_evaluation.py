@@ -158,3 +158,21 @@ def test_bad_inputs_are_rejected():
         evaluate_signatures(model, sae, tokens, {}, feats)
     with pytest.raises(ValueError, match="n_contexts"):
         max_activating_contexts(model, sae, tokens[:5], n_contexts=20)
+
+
+@torch.no_grad()
+def test_query_lens_signatures_plug_in():
+    """Signatures from the engine (any method) are scored as they are: [n_features, k] top ids."""
+    from tl_query_lens.query_lens import QueryLens
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=24, seq_len=8)
+    sae = FFKV.from_model(model, 0)
+    feats = torch.tensor([1, 5])
+    lens = QueryLens(model, tokens[:2], progress=False)
+    methods = {"QL_VALUE": lens.value_signatures(sae, feats, k=4, method="full").top_ids,
+               "LL_KEY": lens.key_signatures(sae, feats, k=4, method="logit_lens").top_ids}
+    tok = ListTokenizer([f"t{i}" for i in range(model.cfg.d_vocab)])
+    res = evaluate_signatures(model, sae, tokens, methods, feats, tokenizer=tok, prompt_tokens=[torch.tensor([3, 4])],
+                              kl_targets=(0.1,), n_generate=3, n_steps=4, n_steered=4, baselines=())
+    assert res.methods == ["QL_VALUE", "LL_KEY"] and res.output_scores.shape == (2, 1, 2)
