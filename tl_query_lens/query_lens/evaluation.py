@@ -101,6 +101,7 @@ class SignatureEvaluation(SavableResult):
         search_kl: ``[n_targets, n]`` KL at α on the clean continuations used by the search.
         achieved_kl: ``[n_targets, n]`` KL at α on the steered generations the output score is measured on.
         steered_top: ``[n_targets, n, n_steered]`` the steering top tokens S.
+        signature_ids: ``[n_methods, n, k]`` the scored token sets T (rows padded with -1 if methods differ in k).
         config: the protocol settings.
     """
 
@@ -114,6 +115,7 @@ class SignatureEvaluation(SavableResult):
     search_kl: Float[torch.Tensor, "n_targets n"]
     achieved_kl: Float[torch.Tensor, "n_targets n"]
     steered_top: Int[torch.Tensor, "n_targets n n_steered"]
+    signature_ids: Int[torch.Tensor, "n_methods n k"]
     config: dict = field(default_factory=dict)
 
     @classmethod
@@ -126,7 +128,7 @@ class SignatureEvaluation(SavableResult):
         cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)  # noqa: E731
         return cls(first.methods, cat("features", 0), cat("layers", 0), list(first.kl_targets),
                    cat("input_scores", 1), cat("output_scores", 2), cat("alphas", 1), cat("search_kl", 1),
-                   cat("achieved_kl", 1), cat("steered_top", 1), dict(first.config))
+                   cat("achieved_kl", 1), cat("steered_top", 1), cat("signature_ids", 1), dict(first.config))
 
     def summary(self, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
         """Mean scores in percent with percentile-bootstrap 95% CIs over features, one row per method."""
@@ -321,8 +323,14 @@ def evaluate_signatures(
         search_kl=search_kl,
         achieved_kl=torch.stack(achieved),
         steered_top=torch.stack(steered),
+        signature_ids=_pad_stack([methods[m] for m in names]),
         config={**cfg.__dict__, "corpus_fingerprint": contexts.corpus_fingerprint, "read_hook": view.read_hook},
     )
+
+
+def _pad_stack(ids: list[torch.Tensor]) -> torch.Tensor:
+    k = max(t.shape[1] for t in ids)
+    return torch.stack([torch.nn.functional.pad(t, (0, k - t.shape[1]), value=-1) for t in ids])
 
 
 def _k(methods: Mapping[str, torch.Tensor]) -> int:
