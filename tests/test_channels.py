@@ -127,3 +127,19 @@ def test_channel_analysis_save_load_and_errors(tmp_path):
         channel_analysis({2: values}, ops, n_layers=4)
     with pytest.raises(ValueError, match="train_frac"):
         channel_analysis({0: values}, ops, n_layers=4, train_frac=1.0)
+
+
+def test_permutation_p_matches_naive_auc_permutations():
+    """Rank-sum shortcut vs recomputing the AUC on each shuffled labelling (same null, so p-values agree)."""
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(30, generator=gen).round(decimals=1)  # ties included
+    labels = torch.zeros(30, dtype=torch.bool)
+    labels[:8] = True
+    scores[:8] += 0.6
+    observed = auc(scores[labels], scores[~labels])
+    naive = []
+    for _ in range(3000):
+        perm = labels[torch.randperm(30, generator=gen)]
+        naive.append(auc(scores[perm], scores[~perm]) >= observed - 1e-12)
+    p_naive = (sum(naive) + 1) / 3001
+    assert permutation_p(scores, labels, n_permutations=3000) == pytest.approx(p_naive, abs=0.02)
