@@ -32,18 +32,19 @@ def world_slice(tokens: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 def all_reduce_sums(sums: dict[str, torch.Tensor], count: int) -> tuple[dict[str, torch.Tensor], int]:
     """Sum operator sums and token counts over all ranks (in a fixed hook order, so every rank issues the same calls)."""
     out = {}
-    for name in sums:
-        tensor = sums[name].clone()
+    for name, value in sums.items():
+        tensor = value.clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         out[name] = tensor
-    total = torch.tensor([count], dtype=torch.float64)
+    device = next(iter(sums.values())).device if sums else torch.device("cpu")
+    total = torch.tensor([count], dtype=torch.float64, device=device)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return out, int(total.item())
 
 
 def all_reduce(operators: OperatorSet) -> OperatorSet:
     """An OperatorSet whose sums and count are summed over all ranks (for sets each rank computed on its own shard)."""
-    rank, world = rank_and_world()
+    _rank, world = rank_and_world()
     if world == 1:
         return operators
     sums, count = all_reduce_sums(operators.sums, operators.count)

@@ -183,7 +183,7 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
                             extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk})
     else:
         logger.info("Resuming %s after %d minibatches", state.describe(), state.batches_done)
-    state.sums = {n: s.to(tokens.device) for n, s in state.sums.items()}
+    state.sums = {n: s.to(model.cfg.device) for n, s in state.sums.items()}
     batches = list(torch.split(local.to(model.cfg.device), batch_size)) if len(local) else []
     n_chunks = sum(-(-(widths[s.read[0]] if s.direction == "reverse" else widths[next(iter(s.perturb))]) // chunk)
                    for s in sweeps)
@@ -200,10 +200,10 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
         if path is not None and world == 1 and b + 1 < len(batches):
             state.save(path)  # partial: a rerun resumes after this minibatch
     bar.close()
-    state.sums = {n: s.cpu() for n, s in state.sums.items()}
     state.batches_done = -1
-    if world > 1:
+    if world > 1:  # on the model's device: gloo for CPU, nccl for CUDA
         state.sums, state.count = all_reduce_sums(state.sums, state.count)
+    state.sums = {n: s.cpu() for n, s in state.sums.items()}
     for name, s in state.sums.items():
         check_finite(s, f"{kind} operator {name!r}")
     if path is not None and rank == 0:
@@ -292,7 +292,7 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
     either direction gives every module. Other arguments as in :func:`value_operators`.
     """
     n_layers = model.cfg.n_layers
-    layers = list(range(n_layers)) if layers is None else sorted(set(int(k) for k in layers))
+    layers = list(range(n_layers)) if layers is None else sorted({int(k) for k in layers})
     bad = [k for k in layers if not 0 <= k < n_layers]
     if bad or not layers:
         raise ValueError(f"layers {bad or layers} out of range for a model with {n_layers} layers.")

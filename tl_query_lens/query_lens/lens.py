@@ -85,8 +85,8 @@ class QueryLens:
         self.tokens = check_tokens(model, tokens, skip_positions)
         self.skip_positions = skip_positions
         self.feature_chunk = feature_chunk
-        self._engine = dict(skip_positions=skip_positions, chunk=chunk, batch_size=batch_size, cache_dir=cache_dir,
-                            progress=progress)
+        self._engine = {"skip_positions": skip_positions, "chunk": chunk, "batch_size": batch_size, "cache_dir": cache_dir,
+                            "progress": progress}
         self._value: dict[str, torch.Tensor] = {}
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
@@ -159,7 +159,8 @@ class QueryLens:
                             add_bias=method == "full", center=None)
         if terms is not None:
             result.module_names = names
-            result.module_shares = self._shares(raw, terms, result.top_ids)
+            result.module_contributions = self._contributions(raw, terms, result.top_ids)
+            result.module_shares = result.module_contributions / result.module_contributions.sum(1, keepdim=True)
         return result
 
     @torch.no_grad()
@@ -203,19 +204,20 @@ class QueryLens:
         weight = torch.ones(raw.shape[-1]) if weight is None else weight.detach().float()
         return inv_scale, weight, centre
 
-    def _shares(self, raw: torch.Tensor, terms: list[torch.Tensor],
-                top_ids: torch.Tensor) -> Float[torch.Tensor, "n n_terms"]:
+    def _contributions(self, raw: torch.Tensor, terms: list[torch.Tensor],
+                       top_ids: torch.Tensor) -> Float[torch.Tensor, "n n_terms"]:
+        """Each term's logit contribution ``W_U[:, t]·(w ⊙ P(c)/σ(u))`` summed over the feature's top-k tokens."""
         inv_scale, weight, centre = self._norm_parts(raw)
         W_U = self.model.W_U.float()
         contributions = []
         for term in terms:
             term = term - term.mean(-1, keepdim=True) if centre else term
             linear = term * inv_scale * weight  # w ⊙ P(c)/σ(u)
-            # Σ over the top-k tokens of W_U[:, t]·linear
-            picked = torch.einsum("nd,dnk->n", linear, W_U[:, top_ids])
-            contributions.append(picked)
-        stacked = torch.stack(contributions, dim=1)
-        return stacked / stacked.sum(1, keepdim=True)
+            picked = [torch.einsum("nd,dnk->n", linear[s: s + self.feature_chunk],
+                                   W_U[:, top_ids[s: s + self.feature_chunk]])  # Σ over top-k of W_U[:, t]·linear
+                      for s in range(0, len(top_ids), self.feature_chunk)]
+            contributions.append(torch.cat(picked))
+        return torch.stack(contributions, dim=1)
 
     def _rank(self, directions: torch.Tensor, ids: torch.Tensor, view: KeyValueView, *, side: str, method: str,
               k: int, readout: str, add_bias: bool, center: torch.Tensor | None) -> Signatures:
@@ -226,7 +228,7 @@ class QueryLens:
             basis = centred_embeddings(model, center)  # reuse across chunks
         tops, top_scores, bottoms, bottom_scores = [], [], [], []
         starts = range(0, len(ids), self.feature_chunk)
-        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4):
+        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self._engine["progress"]):
             chunk = directions[start: start + self.feature_chunk]
             if basis is not None:
                 scores = chunk.to(basis) @ basis.T

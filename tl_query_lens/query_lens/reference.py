@@ -56,16 +56,11 @@ def mlp_update(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torc
 def _normalized(norm, x: torch.Tensor) -> torch.Tensor:
     """A TL norm's ``hook_normalized`` value (before its weight/bias), captured by a temporary hook."""
     grabbed = {}
-
-    def grab(act, hook):
-        grabbed["x"] = act
-
-    handle = norm.hook_normalized.add_hook(grab)
+    handle = norm.hook_normalized.register_forward_hook(lambda module, args, out: grabbed.__setitem__("x", out))
     try:
         norm(x)
     finally:
-        norm.hook_normalized.remove_hooks()
-    del handle
+        handle.remove()
     return grabbed["x"]
 
 
@@ -157,18 +152,20 @@ def key_gradient(model: HookedTransformer, stream: list[torch.Tensor], read_hook
 def query_lens_reference(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], dictionary: Any,
                          feature: int, side: Literal["value", "key"] = "value", *,
                          method: Literal["full", "first_order"] = "full",
-                         skip_positions: int = 0) -> Float[torch.Tensor, " d_vocab"]:
+                         skip_positions: int = 0,
+                         clean: list[torch.Tensor] | None = None) -> Float[torch.Tensor, " d_vocab"]:
     """Full-vocabulary Query Lens scores of ONE feature, computed per feature (DESIGN §5).
 
     value/full: ``s = W_U·LN_f(M_l v) + b_U``; value/first_order: ``s = W_U·LN_f(v + Σ_{k>l}(J̄_A^k + J̄_M^k) v)``;
     key: ``s_t = ⟨N_lᵀ k, (e_t − c)/‖e_t − c‖⟩`` with c the mean embedding of the valid corpus tokens.
-    LN_f is ``model.ln_final`` applied to the direction itself (not linearised).
+    LN_f is ``model.ln_final`` applied to the direction itself (not linearised). ``clean`` may pass the clean
+    residual stream of ``tokens`` (:func:`clean_stream`) so a loop over features does not recompute it.
     """
     view = as_key_value(dictionary, model)
     (index,) = view.feature_ids([feature]).tolist()
     mask = _valid(tokens, skip_positions).to(model.cfg.device)
     with torch.no_grad():
-        stream = [x.detach() for x in clean_stream(model, tokens)]
+        stream = [x.detach() for x in (clean if clean is not None else clean_stream(model, tokens))]
         if side == "value":
             v = view.values[index].to(model.cfg.dtype)
             direction = value_direction(model, stream, view.value_hook, v, mask, method)

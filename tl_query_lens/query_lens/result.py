@@ -37,6 +37,7 @@ class Signatures(SavableResult):
         top_strings / bottom_strings: decoded tokens when the model has a tokenizer.
         module_names / module_shares: first-order decomposition (``method="first_order"``): share of the top-k scores
             carried by the direct term ``v`` and by each downstream module's ``J̄ v`` (see ``QueryLens``); rows sum to 1.
+            ``module_contributions`` holds the same terms in logit units, summed over the top-k tokens.
         model_name / corpus_fingerprint / n_tokens / skip_positions: provenance.
     """
 
@@ -56,6 +57,7 @@ class Signatures(SavableResult):
     bottom_strings: list[list[str]] | None = None
     module_names: list[str] | None = None
     module_shares: Float[torch.Tensor, "n_features n_terms"] | None = None
+    module_contributions: Float[torch.Tensor, "n_features n_terms"] | None = None
     model_name: str = ""
     corpus_fingerprint: str = ""
     n_tokens: int = 0
@@ -103,8 +105,7 @@ class Signatures(SavableResult):
             bottom = (self.bottom_strings[i][:n] if self.bottom_strings
                       else [str(t) for t in self.bottom_ids[i, :n].tolist()])
             row = [int(self.feature_ids[i]), self.side, self.method, self.hook, " | ".join(map(repr, top)),
-                   [round(x, 4) for x in self.top_scores[i, :n].tolist()], " | ".join(map(repr, bottom)),
-                   [round(x, 4) for x in self.bottom_scores[i, :n].tolist()]]
+                   _numbers(self.top_scores[i, :n]), " | ".join(map(repr, bottom)), _numbers(self.bottom_scores[i, :n])]
             if self.module_shares is not None:
                 row += [round(x, 4) for x in self.module_shares[i].tolist()]
             rows.append(row)
@@ -116,6 +117,10 @@ class Signatures(SavableResult):
             return super().save(path)
         finally:
             self._model = model
+
+
+def _numbers(values: torch.Tensor) -> str:
+    return ", ".join(f"{x:.4g}" for x in values.tolist())
 
 
 def readout_scores(model: HookedTransformer, directions: Float[torch.Tensor, "n d_model"], readout: str,
