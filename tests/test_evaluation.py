@@ -176,3 +176,18 @@ def test_query_lens_signatures_plug_in():
     res = evaluate_signatures(model, sae, tokens, methods, feats, tokenizer=tok, prompt_tokens=[torch.tensor([3, 4])],
                               kl_targets=(0.1,), n_generate=3, n_steps=4, n_steered=4, baselines=())
     assert res.methods == ["QL_VALUE", "LL_KEY"] and res.output_scores.shape == (2, 1, 2)
+
+
+def test_cli_query_lens_evaluate_delegates(monkeypatch):
+    """`tlql query-lens --evaluate` runs `tlql ql-evaluate` with its layers, features, k and corpus options."""
+    from tl_query_lens.cli import main
+    from tl_query_lens.cli import ql_evaluate
+
+    seen = {}
+    monkeypatch.setattr(ql_evaluate, "run", lambda args: seen.setdefault("args", args) and 0)
+    main(["query-lens", "--evaluate", "--layers", "3,5", "--features", "0-4", "--k", "10", "--n-seqs", "2",
+          "--no-wandb"])
+    args = seen["args"]
+    assert (args.command, args.layers, args.features, args.k, args.op_seqs, args.wandb) == (
+        "ql-evaluate", "3,5", "0-4", 10, 2, False)
+    assert args.kl_targets == "0.25,0.5" and args.n_contexts == 20 and args.n_generate == 20

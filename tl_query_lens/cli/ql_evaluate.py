@@ -25,6 +25,7 @@ def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
     """Options of the Table-1 protocol (shared with ``tlql query-lens --evaluate``)."""
     parser.add_argument("--layers", default="6,12,18,24", help="FF-KV layers, e.g. '6,12' or '0-29'")
     parser.add_argument("--features-per-layer", type=int, default=13, help="seeded random sample per layer")
+    parser.add_argument("--features", default=None, help="explicit feature ids per layer, e.g. '0-24' (no sampling)")
     parser.add_argument("--k", type=int, default=25, help="signature size")
     parser.add_argument("--op-seqs", type=int, default=2, help="operator corpus: sequences (train split)")
     parser.add_argument("--op-seq-len", type=int, default=32)
@@ -39,12 +40,26 @@ def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="operator cache (default: <out>/operators)")
 
 
+def run_from_query_lens_args(args: argparse.Namespace) -> int:
+    """``tlql query-lens --evaluate``: its layers, features, k, corpus and cache options, protocol defaults otherwise."""
+    from tl_query_lens.cli import build_parser
+
+    argv = ["ql-evaluate", "--model", args.model, "--corpus", args.corpus, "--seed", str(args.seed),
+            "--layers", args.layers, "--features", args.features, "--k", str(args.k), "--op-seqs", str(args.n_seqs),
+            "--op-seq-len", str(args.seq_len), "--out", str(args.out), "--wandb-project", args.wandb_project]
+    argv += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    argv += ["--device", args.device] if args.device else []
+    argv += [] if args.wandb else ["--no-wandb"]
+    return run(build_parser().parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
 
     from tl_query_lens import FFKV, load_corpus, load_model
+    from tl_query_lens.cli.query_lens import parse_features
     from tl_query_lens.query_lens import QueryLens
     from tl_query_lens.query_lens.evaluation import SignatureEvaluation, evaluate_signatures
     from tl_query_lens.query_lens.max_activating import max_activating_contexts
@@ -71,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
     parts = []
     for layer in layers:
         sae = FFKV.from_model(model, layer)
-        features = torch.randperm(sae.cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
+        if args.features:
+            ids = parse_features(args.features, sae.cfg.d_sae)
+            features = torch.arange(sae.cfg.d_sae) if ids is None else torch.tensor(ids)
+        else:
+            features = torch.randperm(sae.cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
         methods = {
             "LL_KEY": lens.key_signatures(sae, features, k=args.k, method="logit_lens").top_ids,
             "LL_VALUE": lens.value_signatures(sae, features, k=args.k, method="logit_lens").top_ids,
