@@ -30,7 +30,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--chunk", type=int, default=64, help="tangents per batched engine pass (memory)")
     parser.add_argument("--cache-dir", default=None, help="reuse / resume operators here")
     parser.add_argument("--evaluate", action="store_true",
-                        help="run the Table-1 evaluation protocol (provided by the evaluation module)")
+                        help="run the Table-1 evaluation protocol on these layers/features instead "
+                             "(same as `tlql ql-evaluate`, which has all protocol options)")
     parser.set_defaults(func=run)
 
 
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.tracking import Tracker
 
     if args.evaluate:
-        raise SystemExit("tlql: --evaluate (the Table-1 protocol) is not available in this build yet; "
-                         "run without it for signatures.")
+        from tl_query_lens.cli.ql_evaluate import run_from_query_lens_args
+
+        return run_from_query_lens_args(args)
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
     tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="train", seed=args.seed)
