@@ -81,10 +81,10 @@ def reference_certificate(model, ref, cal, ev):
     return dict(clean=clean, proxy=proxy, restricted=restricted, leaves=leaves, pool=pool, kl=kl, top1=top1)
 
 
-@pytest.mark.parametrize("layer,k", [(1, 4), (2, 7)])
+@pytest.mark.parametrize("arch,layer,k", [("gelu_ln", 1, 4), ("gated_rms", 2, 7)])
 @torch.no_grad()
-def test_ffkv_topk_certificate_matches_independent_recomputation(style, layer, k):
-    model = tiny_model(style)
+def test_ffkv_topk_certificate_matches_independent_recomputation(arch, layer, k):
+    model = tiny_model(arch)
     cal, ev = tiny_tokens(model, 6, 10, seed=1), tiny_tokens(model, 40, 10, seed=2)
     ref = reference_certificate(model, FFKVReference(model, layer, k), cal, ev)
     assert ref["leaves"].any() and not ref["leaves"].all()  # the example exercises η̂ and the restricted proxy
@@ -110,8 +110,8 @@ def test_ffkv_topk_certificate_matches_independent_recomputation(style, layer, k
 
 
 @torch.no_grad()
-def test_shuffled_proxy_matches_reference_and_keeps_P(style):
-    model = tiny_model(style)
+def test_shuffled_proxy_matches_reference_and_keeps_P():
+    model = tiny_model("gated_rms")
     cal, ev = tiny_tokens(model, 6, 10, seed=1), tiny_tokens(model, 24, 10, seed=2)
     perm = shuffle_permutation(model.cfg.d_mlp, seed=3)
     ref = reference_certificate(model, FFKVReference(model, 1, 5, perm), cal, ev)
