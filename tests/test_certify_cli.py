@@ -27,12 +27,13 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
                "--shuffle", "--no-wandb", "--out", str(out)])
     assert rc == 0
     rows = list(csv.DictReader(open(out / "certificates.csv")))
-    assert [(r["layer"], r["proxy"]) for r in rows] == [("0", "real"), ("2", "real"), ("0", "shuffled"),
-                                                        ("2", "shuffled")]
+    assert [(r["label"], r["proxy"]) for r in rows] == [("ffkv L0", "real"), ("ffkv L2", "real"),
+                                                        ("ffkv L0", "shuffled"), ("ffkv L2", "shuffled")]
+    assert rows[1]["hook"] == "blocks.2.hook_mlp_out"
     assert all(int(r["N"]) == 24 and int(r["m"]) == 64 for r in rows)
     for name in ("bound_vs_N.html", "gap_real_vs_shuffled.html", "times.json"):
         assert (out / name).exists()
-    saved = json.loads((out / "layer2" / "result.json").read_text())["fields"]
+    saved = json.loads((out / "ffkv_L2" / "result.json").read_text())["fields"]
     assert saved["N"] == 24 and saved["config"]["k"] == 5
 
 
@@ -41,10 +42,11 @@ def test_cli_saved_sae_path(tiny_env, tmp_path):
 
     FFKV.from_model(tiny_env, 1, "vanilla").save_model(tmp_path / "sae")
     out = tmp_path / "cert"
-    assert main(["certify", "--dictionary", str(tmp_path / "sae"), "--n-cal", "4", "--n-eval", "20", "--seq-len",
+    assert main(["certify", "--dictionary", f"ffkv,{tmp_path / 'sae'}", "--layers", "2", "--n-cal", "4", "--n-eval", "20", "--seq-len",
                  "8", "--k", "5", "--no-wandb", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out / "certificates.csv")))
-    assert [(r["layer"], r["proxy"]) for r in rows] == [("1", "real")]
+    assert [r["label"] for r in rows] == ["ffkv L2", "sae L1 sae"]
+    assert rows[1]["hook"] == "blocks.1.hook_mlp_out" and rows[0]["N"] == rows[1]["N"] == "20"
 
 
 def test_cli_too_few_sequences_says_the_minimum(tiny_env, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,13 +202,13 @@ def build_certificate(loss_clean: torch.Tensor, losses: ProxyLosses, pool: torch
 
 def certify_many(
     model: HookedTransformer,
-    splices: dict[str, Splice],
+    splices: dict[Hashable, Splice],
     calibration_tokens: Int[torch.Tensor, "batch pos"],
     evaluation_tokens: Int[torch.Tensor, "batch pos"],
     cfg: CertifyConfig,
     *,
     times: PassTimes | None = None,
-) -> dict[str, Certificate]:
+) -> dict[Hashable, Certificate]:
     """Certificates of several proxies sharing one calibration pass and one clean evaluation pass."""
     import time
 

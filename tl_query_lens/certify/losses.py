@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -151,11 +152,11 @@ class PassTimes:
 @torch.no_grad()
 def feature_pool(
     model: HookedTransformer,
-    splices: dict[str, Splice],
+    splices: dict[Hashable, Splice],
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     batch_size: int = 16,
-) -> dict[str, Bool[torch.Tensor, " d_sae"]]:
+) -> dict[Hashable, Bool[torch.Tensor, " d_sae"]]:
     """G* per splice: the union of active features over ``tokens`` (calibration), in one truncated pass."""
     read_hooks = sorted({s.read_hook for s in splices.values()})
     layers = [hook_layer(h) for h in read_hooks]
@@ -174,14 +175,14 @@ def feature_pool(
 @torch.no_grad()
 def proxy_pass(
     model: HookedTransformer,
-    splices: dict[str, Splice],
-    pools: dict[str, Bool[torch.Tensor, " d_sae"]],
+    splices: dict[Hashable, Splice],
+    pools: dict[Hashable, Bool[torch.Tensor, " d_sae"]],
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     alpha: float = 0.5,
     batch_size: int = 16,
     times: PassTimes | None = None,
-) -> tuple[Float[torch.Tensor, " n_seqs"], dict[str, ProxyLosses]]:
+) -> tuple[Float[torch.Tensor, " n_seqs"], dict[Hashable, ProxyLosses]]:
     """One clean pass over ``tokens`` shared by every splice; each proxy restarts from the clean residual.
 
     The restricted proxy h_G is run only on sequences whose support leaves G*: elsewhere it equals S∘M exactly.

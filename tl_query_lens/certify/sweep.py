@@ -26,18 +26,18 @@ class LayerSweep:
     """Certificates per layer, and per layer for the shuffled proxy when the ablation was asked for.
 
     Attributes:
-        certificates: layer → certificate of the real proxy.
-        shuffled: layer → certificate of the feature-shuffled proxy (empty without the ablation).
+        certificates: label (a layer, or any name) → certificate of the real proxy.
+        shuffled: label → certificate of the feature-shuffled proxy (empty without the ablation).
         seed: the shuffle seed.
         times: seconds spent in each part of the shared pass.
     """
 
-    certificates: dict[int, Certificate]
-    shuffled: dict[int, Certificate] = field(default_factory=dict)
+    certificates: dict[int | str, Certificate]
+    shuffled: dict[int | str, Certificate] = field(default_factory=dict)
     seed: int | None = None
     times: PassTimes = field(default_factory=PassTimes)
 
-    COLUMNS = ("layer", "proxy", "N", "P", "m", "R_hat", "eps_hat", "eta_hat", "bound", "bound_occam",
+    COLUMNS = ("label", "hook", "proxy", "N", "P", "m", "R_hat", "eps_hat", "eta_hat", "bound", "bound_occam",
                "baseline_bits", "nontrivial", "N_star", "N_star_observed", "kl_bits", "top1_agreement",
                "mean_gap_bits")
 
@@ -45,25 +45,29 @@ class LayerSweep:
         """One row per (layer, real|shuffled) proxy, columns :attr:`COLUMNS`."""
         rows = []
         for kind, certs in (("real", self.certificates), ("shuffled", self.shuffled)):
-            for layer, c in sorted(certs.items()):
-                rows.append([layer, kind, c.N, c.P, c.m, c.R_hat, c.eps_hat, c.eta_hat, c.bound, c.bound_occam,
+            for label, c in certs.items():
+                rows.append([label, c.config.get("write_hook", ""), kind, c.N, c.P, c.m, c.R_hat, c.eps_hat, c.eta_hat, c.bound, c.bound_occam,
                              c.baseline_bits, c.nontrivial, c.N_star, c.N_star_observed, c.kl_bits,
                              c.top1_agreement, c.gap.double().mean().item()])
         return rows
 
     def save(self, path) -> None:
-        """One folder per certificate under ``path`` (``layer{L}`` and ``layer{L}_shuffled``)."""
+        """One folder per certificate under ``path`` (``layer{L}`` / ``{label}`` and ``…_shuffled``)."""
         from pathlib import Path
 
-        for layer, c in self.certificates.items():
-            c.save(Path(path) / f"layer{layer}")
-        for layer, c in self.shuffled.items():
-            c.save(Path(path) / f"layer{layer}_shuffled")
+        for label, c in self.certificates.items():
+            c.save(Path(path) / _folder(label))
+        for label, c in self.shuffled.items():
+            c.save(Path(path) / f"{_folder(label)}_shuffled")
+
+
+def _folder(label: int | str) -> str:
+    return f"layer{label}" if isinstance(label, int) else "".join(ch if ch.isalnum() else "_" for ch in str(label))
 
 
 def certify_layers(
     model: HookedTransformer,
-    saes_by_layer: dict[int, SAE],
+    saes_by_layer: dict[int | str, SAE],
     calibration_tokens: Int[torch.Tensor, "batch pos"],
     evaluation_tokens: Int[torch.Tensor, "batch pos"],
     *,
@@ -79,21 +83,22 @@ def certify_layers(
     """Certify one dictionary per layer; all proxies (and shuffled twins) share one clean evaluation pass.
 
     Args:
-        saes_by_layer: layer → dictionary (its hooks need not be at that layer; the key labels the row).
+        saes_by_layer: label → dictionary; labels are usually layers (the dictionary's own hooks decide where it
+            splices; the key only labels the row).
         shuffle: also certify each proxy under one seeded permutation of feature ids (:func:`shuffle_ablation`).
         Other arguments as in :func:`~tl_query_lens.certify.certify.certify`.
     """
     cfg = CertifyConfig(k=k, delta=delta, alpha=alpha, rule=rule, n_schedule=n_schedule, batch_size=batch_size)
-    splices = {f"layer{layer}": Splice(sae, rule=rule, k=k) for layer, sae in saes_by_layer.items()}
+    splices = {(label, False): Splice(sae, rule=rule, k=k) for label, sae in saes_by_layer.items()}
     if shuffle:
-        for layer, sae in saes_by_layer.items():
-            perm = shuffle_permutation(splices[f"layer{layer}"].d_sae, seed)
-            splices[f"layer{layer}_shuffled"] = Splice(sae, rule=rule, k=k, permutation=perm)
+        for label, sae in saes_by_layer.items():
+            perm = shuffle_permutation(splices[(label, False)].d_sae, seed)
+            splices[(label, True)] = Splice(sae, rule=rule, k=k, permutation=perm)
     times = PassTimes()
     certs = certify_many(model, splices, calibration_tokens, evaluation_tokens, cfg, times=times)
     return LayerSweep(
-        certificates={layer: certs[f"layer{layer}"] for layer in saes_by_layer},
-        shuffled={layer: certs[f"layer{layer}_shuffled"] for layer in saes_by_layer} if shuffle else {},
+        certificates={label: certs[(label, False)] for label in saes_by_layer},
+        shuffled={label: certs[(label, True)] for label in saes_by_layer} if shuffle else {},
         seed=seed if shuffle else None,
         times=times,
     )

@@ -16,7 +16,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--layers", default="0,6,12,18,24,29",
                         help="FF-KV layers, e.g. '3,5' or '0-29' or 'all' (ignored for saved SAEs)")
     parser.add_argument("--dictionary", default="ffkv",
-                        help="'ffkv', or comma-separated folders of SAEs saved with save_model / the SAELens runner")
+                        help="comma-separated: 'ffkv' (TopK FF-KV at each of --layers) and/or folders of SAEs saved "
+                             "with save_model / the SAELens runner; all share one clean pass")
     parser.add_argument("--n-cal", type=int, default=1000, help="calibration sequences (builds the pool G*)")
     parser.add_argument("--n-eval", type=int, default=1000, help="evaluation sequences N (disjoint split)")
     parser.add_argument("--seq-len", type=int, default=32)
@@ -25,25 +26,30 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--delta", type=float, default=0.05)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--shuffle", action="store_true", help="add the feature-shuffle ablation")
+    parser.add_argument("--shuffle", action="store_true", help="add the feature-shuffle ablation for every proxy")
     parser.set_defaults(func=run)
 
 
-def load_dictionaries(args: argparse.Namespace, model) -> dict[int, object]:
-    """``{label: SAE}``: FF-KV per layer (loaded whole; TopK applied at evaluation), or saved SAEs by read layer."""
+def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
+    """``{label: SAE}``: ``"ffkv L{l}"`` per layer (the whole MLP; TopK is applied at evaluation) and
+    ``"sae L{l} {folder}"`` per saved SAE."""
+    from pathlib import Path
+
     from sae_lens import SAE
 
     from tl_query_lens import FFKV
     from tl_query_lens.hooks import hook_layer
 
-    if args.dictionary == "ffkv":
-        layers = parse_layers(args.layers, model.cfg.n_layers)
-        return {layer: FFKV.from_model(model, layer, "vanilla") for layer in layers}
-    saes = {}
-    for path in args.dictionary.split(","):
-        sae = SAE.load_from_disk(path, device=str(model.cfg.device))
-        layer = hook_layer(sae.cfg.metadata.hook_name)
-        saes[layer if layer is not None and layer not in saes else len(saes)] = sae
+    saes: dict[str, object] = {}
+    for item in args.dictionary.split(","):
+        if item == "ffkv":
+            for layer in parse_layers(args.layers, model.cfg.n_layers):
+                saes[f"ffkv L{layer}"] = FFKV.from_model(model, layer, "vanilla")
+        else:
+            if not Path(item).is_dir():
+                raise SystemExit(f"tlql certify: {item!r} is neither 'ffkv' nor a folder holding a saved SAE.")
+            sae = SAE.load_from_disk(item, device=str(model.cfg.device))
+            saes[f"sae L{hook_layer(sae.cfg.metadata.hook_name)} {Path(item).name}"] = sae
     return saes
 
 
@@ -70,14 +76,14 @@ def run(args: argparse.Namespace) -> int:
         table = tracker.log_table("certificates", list(LayerSweep.COLUMNS), sweep.rows())
         tracker.log_scalars("times", {"clean_s": sweep.times.clean, "proxy_s": sweep.times.proxy,
                                       "restricted_s": sweep.times.restricted, "pool_s": sweep.times.pool})
-        real = {f"layer {layer}": c for layer, c in sweep.certificates.items()}
+        real = dict(sweep.certificates)
         tracker.log_plot("bound_vs_N", bound_vs_n_figure(real))
         tracker.log_plot("bound_occam_vs_N", bound_vs_n_figure(real, occam=True, title="Occam bound vs N"))
         if sweep.shuffled:
-            shuffled = {f"layer {layer}": c for layer, c in sweep.shuffled.items()}
+            shuffled = dict(sweep.shuffled)
             tracker.log_plot("gap_real_vs_shuffled", gap_distribution_figure(real, shuffled))
             tracker.log_plot("bound_vs_N_shuffled", bound_vs_n_figure(shuffled, title="Shuffled proxies: bound vs N"))
-        tracker.log_artifact("certificates", [p for p in out.iterdir() if p.is_dir() and p.name.startswith("layer")])
+        tracker.log_artifact("certificates", [p for p in out.iterdir() if (p / "result.json").exists()])
     print(f"certificates: {table}")
     for row in sweep.rows():
         print("  " + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}"
