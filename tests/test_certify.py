@@ -78,7 +78,8 @@ def reference_certificate(model, ref, cal, ev):
     p, q = clean_logits.double().softmax(-1), proxy_logits.double().softmax(-1)
     kl = (p * (p.log() - q.log())).sum(-1).mean() / math.log(2)
     top1 = (clean_logits.argmax(-1) == proxy_logits.argmax(-1)).double().mean()
-    return dict(clean=clean, proxy=proxy, restricted=restricted, leaves=leaves, pool=pool, kl=kl, top1=top1)
+    return {"clean": clean, "proxy": proxy, "restricted": restricted, "leaves": leaves, "pool": pool, "kl": kl,
+            "top1": top1}
 
 
 @pytest.mark.parametrize("arch,layer,k", [("gelu_ln", 1, 4), ("gated_rms", 2, 7)])
@@ -219,3 +220,19 @@ def test_bad_options_are_refused():
         tq.certify(model, FFKV.from_model(model, 0, "vanilla"), cal, ev, delta=1.5)
     with pytest.raises(ValueError, match="rule must be"):
         tq.certify(model, FFKV.from_model(model, 0, "vanilla"), cal, ev, rule="bottomk")
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_embedded_model_full_width_ffkv_proxy_is_exact_and_topk_is_not(embedded_model):
+    from tl_query_lens import load_corpus
+
+    model = embedded_model
+    cal = load_corpus("embedded", model, n_seqs=4, seq_len=32, split="calibration")
+    ev = load_corpus("embedded", model, n_seqs=24, seq_len=32, split="evaluation")
+    sae = FFKV.from_model(model, 28, "vanilla")
+    full = tq.certify(model, sae, cal, ev, k=model.cfg.d_mlp)
+    assert full.eps_hat < 1e-3 and full.top1_agreement > 0.999
+    assert full.baseline_bits == pytest.approx(math.log2(49152)) and full.Delta == pytest.approx(15.5849919, abs=1e-6)
+    topk = tq.certify(model, sae, cal, ev, k=64)
+    assert topk.eps_hat > full.eps_hat and topk.P <= model.cfg.d_mlp

@@ -26,7 +26,7 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
     rc = main(["certify", "--layers", "0,2", "--n-cal", "4", "--n-eval", "24", "--seq-len", "8", "--k", "5",
                "--shuffle", "--no-wandb", "--out", str(out)])
     assert rc == 0
-    rows = list(csv.DictReader(open(out / "certificates.csv")))
+    rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
     assert [(r["label"], r["proxy"]) for r in rows] == [("ffkv L0", "real"), ("ffkv L2", "real"),
                                                         ("ffkv L0", "shuffled"), ("ffkv L2", "shuffled")]
     assert rows[1]["hook"] == "blocks.2.hook_mlp_out"
@@ -44,7 +44,7 @@ def test_cli_saved_sae_path(tiny_env, tmp_path):
     out = tmp_path / "cert"
     assert main(["certify", "--dictionary", f"ffkv,{tmp_path / 'sae'}", "--layers", "2", "--n-cal", "4", "--n-eval", "20", "--seq-len",
                  "8", "--k", "5", "--no-wandb", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out / "certificates.csv")))
+    rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
     assert [r["label"] for r in rows] == ["ffkv L2", "sae L1 sae"]
     assert rows[1]["hook"] == "blocks.1.hook_mlp_out" and rows[0]["N"] == rows[1]["N"] == "20"
 

@@ -38,7 +38,7 @@ def hoeffding_coefficient(delta_bits: float, delta: float, *, log_choose: float 
 
 def min_sequences(baseline_bits: float, coefficient: float) -> int:
     """Smallest N whose Hoeffding terms alone (A/√N) fall below the baseline: ⌊(A/log₂|V|)²⌋ + 1."""
-    return int(math.floor((coefficient / baseline_bits) ** 2)) + 1
+    return math.floor((coefficient / baseline_bits) ** 2) + 1
 
 
 @dataclass
