@@ -42,10 +42,12 @@ def test_cli_saved_sae_path(tiny_env, tmp_path):
 
     FFKV.from_model(tiny_env, 1, "vanilla").save_model(tmp_path / "sae")
     out = tmp_path / "cert"
-    assert main(["certify", "--dictionary", f"ffkv,{tmp_path / 'sae'}", "--layers", "2", "--n-cal", "4", "--n-eval", "20", "--seq-len",
+    assert main(["certify", "--dictionary", f"ffkv,{tmp_path / 'sae'}", "--layers", "2", "--shuffle", "ffkv L2",
+                 "--n-cal", "4", "--n-eval", "20", "--seq-len",
                  "8", "--k", "5", "--no-wandb", "--out", str(out)]) == 0
     rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
-    assert [r["label"] for r in rows] == ["ffkv L2", "sae L1 sae"]
+    assert [(r["label"], r["proxy"]) for r in rows] == [("ffkv L2", "real"), ("sae L1 sae", "real"),
+                                                        ("ffkv L2", "shuffled")]
     assert rows[1]["hook"] == "blocks.1.hook_mlp_out" and rows[0]["N"] == rows[1]["N"] == "20"
 
 

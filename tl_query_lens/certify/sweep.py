@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -77,7 +78,7 @@ def certify_layers(
     rule: Rule = "topk",
     n_schedule: list[int] | None = None,
     batch_size: int = 16,
-    shuffle: bool = False,
+    shuffle: bool | Collection[int | str] = False,
     seed: int = 0,
 ) -> LayerSweep:
     """Certify one dictionary per layer; all proxies (and shuffled twins) share one clean evaluation pass.
@@ -85,21 +86,27 @@ def certify_layers(
     Args:
         saes_by_layer: label → dictionary; labels are usually layers (the dictionary's own hooks decide where it
             splices; the key only labels the row).
-        shuffle: also certify each proxy under one seeded permutation of feature ids (:func:`shuffle_ablation`).
+        shuffle: also certify each proxy (True) or the proxies with these labels under one seeded permutation of
+            feature ids (:func:`shuffle_ablation`).
         Other arguments as in :func:`~tl_query_lens.certify.certify.certify`.
     """
     cfg = CertifyConfig(k=k, delta=delta, alpha=alpha, rule=rule, n_schedule=n_schedule, batch_size=batch_size)
     splices = {(label, False): Splice(sae, rule=rule, k=k) for label, sae in saes_by_layer.items()}
-    if shuffle:
+    if shuffle is not False:
+        unknown = set() if shuffle is True else set(shuffle) - set(saes_by_layer)
+        if unknown:
+            raise KeyError(f"shuffle names labels {sorted(map(str, unknown))} that are not in saes_by_layer.")
         for label, sae in saes_by_layer.items():
+            if shuffle is not True and label not in shuffle:
+                continue
             perm = shuffle_permutation(splices[(label, False)].d_sae, seed)
             splices[(label, True)] = Splice(sae, rule=rule, k=k, permutation=perm)
     times = PassTimes()
     certs = certify_many(model, splices, calibration_tokens, evaluation_tokens, cfg, times=times)
     return LayerSweep(
         certificates={label: certs[(label, False)] for label in saes_by_layer},
-        shuffled={label: certs[(label, True)] for label in saes_by_layer} if shuffle else {},
-        seed=seed if shuffle else None,
+        shuffled={label: certs[(label, True)] for label in saes_by_layer if (label, True) in certs},
+        seed=seed if shuffle is not False else None,
         times=times,
     )
 

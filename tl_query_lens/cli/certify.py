@@ -26,7 +26,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--delta", type=float, default=0.05)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--shuffle", action="store_true", help="add the feature-shuffle ablation for every proxy")
+    parser.add_argument("--shuffle", nargs="?", const="all", default=None,
+                        help="add the feature-shuffle ablation: for every proxy, or for comma-separated labels "
+                             "('ffkv L24,sae L24 <folder>')")
     parser.set_defaults(func=run)
 
 
@@ -53,6 +55,12 @@ def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
     return saes
 
 
+def _shuffle_labels(text: str | None) -> bool | list[str]:
+    if text is None:
+        return False
+    return True if text == "all" else [label.strip() for label in text.split(",") if label.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     sweep = certify_layers(model, saes, cal, ev, k=args.k, delta=args.delta, alpha=args.alpha, rule=args.rule,
-                           batch_size=args.batch_size, shuffle=args.shuffle, seed=args.seed)
+                           batch_size=args.batch_size, shuffle=_shuffle_labels(args.shuffle), seed=args.seed)
     sweep.save(out)
     with Tracker(out, project=args.wandb_project, name="certify", config=config, use_wandb=args.wandb) as tracker:
         table = tracker.log_table("certificates", list(LayerSweep.COLUMNS), sweep.rows())
