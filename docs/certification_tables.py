@@ -35,9 +35,11 @@ def main(folder: str, html_out: str) -> None:
         cert = Certificate.load(d)
         (shuffled if d.name.endswith("_shuffled") else certs)[d.name.removesuffix("_shuffled")] = cert
     print("\nBound U (bits) at each prefix N of the evaluation split:\n")
-    names = list(certs)
+    order = [r["label"] for r in rows if r["proxy"] == "real"]
+    folder = {"".join(ch if ch.isalnum() else "_" for ch in label): label for label in order}
+    names = sorted(certs, key=lambda k: order.index(folder.get(k, order[0])))
     ns = certs[names[0]].curve_N
-    print("| N | " + " | ".join(names) + " |")
+    print("| N | " + " | ".join(folder.get(k, k).split(" SmolLM2")[0] for k in names) + " |")
     print("|" + "---|" * (len(names) + 1))
     for i, n in enumerate(ns):
         print(f"| {n} | " + " | ".join(f"{certs[k].curve_bound[i]:.3f}" for k in names) + " |")
