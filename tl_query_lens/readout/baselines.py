@@ -75,7 +75,8 @@ def _ridge_fit(x: torch.Tensor, basis: torch.Tensor, lam: float) -> torch.Tensor
 
 @torch.no_grad()
 def nearest_rows(x: torch.Tensor, n: int, *, chunk: int = 1024) -> torch.Tensor:
-    """Indices of each row's ``n`` nearest other rows by cosine (itself excluded)."""
+    """Indices of each row's ``n`` nearest other rows by cosine (itself excluded; n ≤ rows − 1)."""
+    n = min(n, x.shape[0] - 1)
     out = []
     for s in tqdm(range(0, x.shape[0], chunk), desc="nearest rows", leave=False):
         sim = x[s : s + chunk] @ x.T

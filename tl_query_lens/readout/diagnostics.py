@@ -189,7 +189,7 @@ def _fit(pred: torch.Tensor, meas: torch.Tensor) -> tuple[float, float]:
 def ablation_regression(sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512,
                         seed: int = 0) -> AblationRegression:
     """Ablate each of the top-``n_features`` |c_i| of the top-1-vs-competitor score of held-out states."""
-    from tl_query_lens.readout.decompose import decompose, top1_vs_competitor  # noqa: F401
+    from tl_query_lens.readout.decompose import decompose
 
     gen = torch.Generator().manual_seed(seed)
     rows = rows.float()
@@ -204,15 +204,16 @@ def ablation_regression(sae, rows: torch.Tensor, bank: StateBank, *, n_features:
         alpha[sb.runner_up[j]] -= 1.0
         h = bank.states[j]
         dec = decompose(sae, h, alpha, model=rows, n_top=0)
-        q = (alpha.double() @ rows.double())
+        q = alpha.double() @ rows.double()  # dense head direction q_α
         hd = h.double()
+        s0 = hd @ q
         for i, c in dec.top(n_features):
             d = D[i]
             preds.append(-c)
-            meas.append(-(hd @ d) * (d @ q))
+            meas.append((hd - (hd @ d) * d) @ q - s0)  # h' = h − (h·d_i)d_i, scored by the dense head
             u = torch.randn(d.shape[0], generator=gen, dtype=torch.float64)
             u = u / u.norm()
-            meas_rand.append(-(hd @ u) * (u @ q))
+            meas_rand.append((hd - (hd @ u) * u) @ q - s0)
     p, m, mr = (torch.tensor([float(v) for v in x], dtype=torch.float64) for x in (preds, meas, meas_rand))
     r2, slope = _fit(p, m)
     r2r, slope_r = _fit(p, mr)

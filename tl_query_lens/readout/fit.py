@@ -56,7 +56,7 @@ class ReadoutFitConfig:
 
     width: int | None = None
     width_mult: int = 4
-    k: int = 64
+    k: int = 128
     steps: int = 2000
     batch_rows: int = 512
     batch_pairs: int = 256
@@ -269,6 +269,7 @@ def fit_readout(
                 fired.zero_()
                 rows_seen = 0
         sae.store_codes(rows)
+        sae._bound_rows = rows  # decompose() needs no model= right after fitting
         usage = feature_usage(sae)
         final = {"dead_rate": (usage == 0).float().mean().item(),
                  "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),

@@ -104,6 +104,12 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x))
 
+    def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
+        super().process_state_dict_for_loading(state_dict)
+        # SAELens loaders cast every tensor to the config dtype; feature ids are integers (exact below 2**24).
+        if "code_indices" in state_dict:
+            state_dict["code_indices"] = state_dict["code_indices"].round().long()
+
     # -------------------------------------------------------------------------------------------- stored codes
     def row_codes(self, tokens: Int[torch.Tensor, " n"] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored sparse codes (indices, values) of the given vocabulary rows (all rows by default)."""
