@@ -126,8 +126,12 @@ def evaluate_reconstruction(
     score_bank: ScoreBank | None = None,
     n_boot: int = 1000,
     chunk: int = 256,
+    dense_cache: dict | None = None,
 ) -> ReadoutEval:
-    """All diagnostics of ``rows_hat`` against the dense rows on held-out decoded states."""
+    """All diagnostics of ``rows_hat`` against the dense rows on held-out decoded states.
+
+    ``dense_cache`` (a dict, filled on first use) keeps the dense head's per-chunk results for the next method.
+    """
     rows, rows_hat = rows.float(), rows_hat.to(rows).float()
     b_U = torch.zeros(rows.shape[0], device=rows.device) if b_U is None else b_U.to(rows).float()
     sb = score_bank or build_score_bank(bank, rows, b_U)
@@ -138,12 +142,20 @@ def evaluate_reconstruction(
     for start in range(0, len(bank), chunk):
         sl = slice(start, start + chunk)
         h = bank.states[sl].to(rows)
-        lw, lh = h @ rows.T, h @ rows_hat.T
-        zw, zh = lw + b_U, lh + b_U
-        agree.append((zw.argmax(-1) == zh.argmax(-1)).float().cpu())
-        logp, logq = zw.log_softmax(-1), zh.log_softmax(-1)
+        if dense_cache is not None and start in dense_cache:
+            arg_w, logp, fam_w = dense_cache[start]
+        else:
+            lw = h @ rows.T
+            zw = lw + b_U
+            arg_w, logp, fam_w = zw.argmax(-1), zw.log_softmax(-1), _family_scores(lw, h @ mean_row, sb, sl)
+            if dense_cache is not None:
+                dense_cache[start] = (arg_w, logp, fam_w)
+        lh = h @ rows_hat.T
+        zh = lh + b_U
+        agree.append((arg_w == zh.argmax(-1)).float().cpu())
+        logq = zh.log_softmax(-1)
         kls.append(((logp.exp() * (logp - logq)).sum(-1) / LOG2).cpu())
-        for fam, val in _family_scores(lw, h @ mean_row, sb, sl).items():
+        for fam, val in fam_w.items():
             exact[fam].append(val.cpu())
         for fam, val in _family_scores(lh, h @ mean_row_hat, sb, sl).items():
             recon[fam].append(val.cpu())

@@ -85,9 +85,10 @@ def evaluate_readout(
     b_U = model.b_U.detach().float()
     sb = build_score_bank(states, rows, b_U)
     seconds: dict[str, float] = {}
+    dense: dict = {}
     start = time.perf_counter()
     srp = evaluate_reconstruction("srp", rows, sae.reconstructed_rows().detach(), states, b_U=b_U, score_bank=sb,
-                                  n_boot=n_boot)
+                                  n_boot=n_boot, dense_cache=dense)
     seconds["srp"] = time.perf_counter() - start
     report = ReadoutReport(srp=asdict(srp), seconds=seconds)
     if tracker is not None:
@@ -100,7 +101,7 @@ def evaluate_readout(
     for name in baselines:
         start = time.perf_counter()
         res: ReadoutEval = evaluate_reconstruction(name, rows, makers[name](), states, b_U=b_U, score_bank=sb,
-                                                   n_boot=n_boot)
+                                                   n_boot=n_boot, dense_cache=dense)
         seconds[name] = time.perf_counter() - start
         report.baselines[name] = asdict(res)
         logger.info("%s: top-1 %.3f, coverage %.3f (%.0f s)", name, res.top1, res.coverage, seconds[name])

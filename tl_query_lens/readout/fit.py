@@ -48,7 +48,9 @@ class ReadoutFitConfig:
         frequency_share: share of each row batch drawn by top-``top_n`` frequency (the rest uniform).
         top_n: how many top tokens per state count for the frequency.
         n_seqs, seq_len: corpus size for the state bank when ``tokens`` is None.
-        rare_rows: a feature used by fewer rows than this counts as rare.
+        rare_rows: after the fit, a feature used by 1..rare_rows−1 vocabulary rows counts as rare (0: dead).
+            During training the window rates count fires over the rows of the last ``log_every`` steps:
+            dead = no fire, rare = fired on under 1e-4 of those rows.
         log_every: steps between logged scalars.
         max_seconds: stop early once the fit has run this long (wall clock); the steps done are recorded.
         seed: RNG seed.
@@ -57,7 +59,7 @@ class ReadoutFitConfig:
     width: int | None = None
     width_mult: int = 4
     k: int = 128
-    steps: int = 2000
+    steps: int = 1000
     batch_rows: int = 512
     batch_pairs: int = 256
     lr: float = 1e-3
@@ -260,7 +262,7 @@ def fit_readout(
                 record = {"step": step, "loss": loss.item(), "mse": mse.item(), "prism": prism.item(),
                           "code_l2": code_pen.item(), "row_ev_batch": 1.0 - mse.item() * d_model,
                           "dead_rate_window": (fired == 0).float().mean().item(),
-                          "rare_rate_window": (fired < 1e-5 * rows_seen).float().mean().item(),
+                          "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
                           "seconds": time.perf_counter() - start_time}
                 history.append(record)
                 tracker.log_scalars("train", record, step=step)
