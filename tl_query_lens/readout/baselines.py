@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from tl_query_lens.readout.sae import decode_sparse
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,11 +50,13 @@ def shuffled_codes(sae, rows: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
     mu, a, _ = normalise_rows(rows)
     perm = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(seed)).to(rows.device)
     idx, val = sae.code_indices[perm], sae.code_values[perm] / sae.row_norms[perm, None].clamp_min(1e-12)
-    return _rows_back(mu, a, torch.einsum("nk,nkd->nd", val, sae.W_dec.detach()[idx]))
+    W_dec = sae.W_dec.detach()
+    x_hat = torch.cat([decode_sparse(i, v, W_dec) for i, v in zip(idx.split(4096), val.split(4096))])
+    return _rows_back(mu, a, x_hat)
 
 
 @torch.no_grad()
-def random_support(sae, rows: torch.Tensor, *, seed: int = 0, ridge: float = 1e-3, chunk: int = 2048) -> torch.Tensor:
+def random_support(sae, rows: torch.Tensor, *, seed: int = 0, ridge: float = 1e-3, chunk: int = 512) -> torch.Tensor:
     """k random dictionary features per row, coefficients by ridge regression (the support is uninformed)."""
     mu, a, x = normalise_rows(rows)
     gen = torch.Generator().manual_seed(seed)
@@ -103,12 +107,12 @@ def knn_basis(rows: torch.Tensor, *, n_neighbours: int = 128, neighbours: torch.
     mu, a, x = normalise_rows(rows)
     nb = neighbours if neighbours is not None else nearest_rows(x, n_neighbours)
     out = torch.empty_like(x)
-    for s in range(0, x.shape[0], 2048):
-        xs, basis = x[s : s + 2048], x[nb[s : s + 2048, :n_neighbours]]
+    for s in range(0, x.shape[0], 512):
+        xs, basis = x[s : s + 512], x[nb[s : s + 512, :n_neighbours]]
         w = torch.einsum("nd,nkd->nk", xs, basis).clamp_min(0)
         mean = torch.einsum("nk,nkd->nd", w, basis)
         scale = (mean * xs).sum(-1, keepdim=True) / (mean * mean).sum(-1, keepdim=True).clamp_min(1e-12)
-        out[s : s + 2048] = scale * mean
+        out[s : s + 512] = scale * mean
     return _rows_back(mu, a, out)
 
 
@@ -140,7 +144,7 @@ def hard_assignment(rows: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor
 
 @torch.no_grad()
 def kmeans_ridge(rows: torch.Tensor, centroids: torch.Tensor, *, k: int, ridge: float = 1e-3,
-                 chunk: int = 1024) -> torch.Tensor:
+                 chunk: int = 512) -> torch.Tensor:
     """Ridge regression of each row on its top-``k`` centroids by cosine."""
     mu, a, x = normalise_rows(rows)
     out = torch.empty_like(x)

@@ -135,8 +135,8 @@ def decompose(
     D = sae.W_dec.detach().to(rows.device, dtype)
     idx, val = sae.row_codes(nz)
     val = val.to(dtype)
-    z_rows = torch.einsum("nk,nkd->nd", val, D[idx])  # Σ_i z_{t,i} d_i per row
-    r_alpha = (a[:, None] * (w - mu - z_rows)).sum(0)  # Σ α_t r_t
+    # Σ α_t r_t from the rows' own residuals r_t = w_t − μ − Σ_i z_{t,i} d_i (computed once per dictionary and rows).
+    r_alpha = a @ sae.row_residuals(rows)[nz].to(dtype)
     beta = torch.zeros(sae.cfg.d_sae, dtype=dtype, device=rows.device).index_add_(
         0, idx.reshape(-1), (a[:, None] * val).reshape(-1))
     proj = h2 @ D.T

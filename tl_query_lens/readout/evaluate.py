@@ -93,6 +93,11 @@ def evaluate_readout(
     report = ReadoutReport(srp=asdict(srp), seconds=seconds)
     if tracker is not None:
         tracker.log_scalars("srp", _scalars(srp))
+    if ablation_states:
+        abl: AblationRegression = ablation_regression(sae, rows, states, max_states=ablation_states)
+        report.ablation = asdict(abl)
+        if tracker is not None:
+            tracker.log_scalars("ablation", report.ablation)
     cache: dict = {}
     makers = _baselines(sae, rows, cache)
     unknown = [b for b in baselines if b not in makers]
@@ -107,11 +112,6 @@ def evaluate_readout(
         logger.info("%s: top-1 %.3f, coverage %.3f (%.0f s)", name, res.top1, res.coverage, seconds[name])
         if tracker is not None:
             tracker.log_scalars(f"baseline_{name}", _scalars(res))
-    if ablation_states:
-        abl: AblationRegression = ablation_regression(sae, rows, states, max_states=ablation_states)
-        report.ablation = asdict(abl)
-        if tracker is not None:
-            tracker.log_scalars("ablation", report.ablation)
     if tracker is not None:
         tracker.log_table("readout_vs_baselines", *report.table())
     return report

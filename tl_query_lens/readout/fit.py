@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
-from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, unembedding_rows
+from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, decode_sparse, unembedding_rows
 from tl_query_lens.readout.states import StateBank, collect_states
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> Non
 def sparse_decode(sae: ReadoutSAE, x: torch.Tensor) -> torch.Tensor:
     """x̂ = TopK(ReLU(x W_enc + b_enc)) · D, gathering only the k active decoder rows."""
     top = (x @ sae.W_enc + sae.b_enc).topk(sae.cfg.k, dim=-1)
-    return torch.einsum("bk,bkd->bd", torch.relu(top.values), sae.W_dec[top.indices])
+    return decode_sparse(top.indices, torch.relu(top.values), sae.W_dec)
 
 
 def _row_frequency(bank: StateBank, rows: torch.Tensor, b_U: torch.Tensor, top_n: int) -> torch.Tensor:

@@ -124,10 +124,25 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
             raise IndexError(f"Token ids must be in 0..{self.cfg.d_vocab - 1} (this dictionary's vocabulary).")
         return tokens
 
-    def reconstructed_rows(self, tokens: Int[torch.Tensor, " n"] | None = None) -> Float[torch.Tensor, "n d_model"]:
-        """ŵ_t = μ + Σ_i z_{t,i} d_i from the stored codes."""
+    def reconstructed_rows(self, tokens: Int[torch.Tensor, " n"] | None = None, *,
+                           chunk: int = 4096) -> Float[torch.Tensor, "n d_model"]:
+        """ŵ_t = μ + Σ_i z_{t,i} d_i from the stored codes (densified in chunks of rows to bound memory)."""
         idx, val = self.row_codes(tokens)
-        return torch.einsum("nk,nkd->nd", val, self.W_dec[idx]) + self.b_dec
+        return torch.cat([decode_sparse(i, v, self.W_dec) for i, v in zip(idx.split(chunk), val.split(chunk))]
+                         ) + self.b_dec
+
+    def row_residuals(self, rows: Float[torch.Tensor, "d_vocab d_model"]) -> Float[torch.Tensor, "d_vocab d_model"]:
+        """r_t = w_t − ŵ_t for every row, cached for these ``rows`` (recomputed when they or the weights change)."""
+        key = (rows.data_ptr(), tuple(rows.shape), rows._version, self.W_dec._version, self.code_values._version)
+        cached = getattr(self, "_residual_cache", None)
+        if cached is None or cached[0] != key:
+            with torch.no_grad():  # float64, so the identity holds to ~1e-12 whatever the score's size
+                W_dec = self.W_dec.double()
+                recon = torch.cat([decode_sparse(i, v, W_dec) for i, v in
+                                   zip(self.code_indices.split(4096), self.code_values.split(4096))])
+                cached = (key, rows.to(W_dec) - recon - self.b_dec.double())
+            self._residual_cache = cached
+        return cached[1]
 
     def beta(self, alpha: Float[torch.Tensor, " d_vocab"]) -> Float[torch.Tensor, " d_sae"]:
         """β_i(α) = Σ_t α_t z_{t,i} (DESIGN §6), from the stored sparse codes; only rows with α_t ≠ 0 are read."""
@@ -164,6 +179,12 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         from tl_query_lens.readout.decompose import decompose
 
         return decompose(self, h, alpha, **kwargs)
+
+
+def decode_sparse(indices: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor) -> torch.Tensor:
+    """Σ_i z_i d_i for sparse codes (indices, values) [n, k]: scatter to dense [n, F], then one matmul."""
+    dense = torch.zeros(indices.shape[0], W_dec.shape[0], dtype=W_dec.dtype, device=W_dec.device)
+    return dense.scatter_(1, indices, values.to(W_dec.dtype)) @ W_dec
 
 
 def topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
