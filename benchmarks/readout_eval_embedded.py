@@ -25,6 +25,10 @@ def main() -> None:
     parser.add_argument("--n-seqs", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=17)
     parser.add_argument("--baselines", default=",".join(bl.BASELINE_ORDER))
+    parser.add_argument("--kmeans-widths", default=None, help="two widths, e.g. 288,576 (default: width/4, width)")
+    parser.add_argument("--kmeans-iters", type=int, default=10)
+    parser.add_argument("--ridge-k", type=int, default=None, help="centroids per row in k-means + ridge (default k)")
+    parser.add_argument("--ablation-states", type=int, default=256)
     parser.add_argument("--out", default="results/readout/eval")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -33,8 +37,10 @@ def main() -> None:
     tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=1)
     states = collect_states(model, tokens)
     with Tracker(args.out, name="readout-eval", config=vars(args)) as tracker:
+        widths = tuple(int(w) for w in args.kmeans_widths.split(",")) if args.kmeans_widths else None
         report = evaluate_readout(sae, model, states, baselines=[b for b in args.baselines.split(",") if b],
-                                  tracker=tracker)
+                                  kmeans_widths=widths, kmeans_iters=args.kmeans_iters, ridge_k=args.ridge_k,
+                                  ablation_states=args.ablation_states, tracker=tracker)
         report.save(args.out)
     cols, rows = report.table()
     print(json.dumps({"hooks": states.hooks, "n_states": len(states), "ablation": report.ablation}, indent=1))

@@ -19,12 +19,13 @@ from tl_query_lens.readout.diagnostics import (
 )
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.readout.states import StateBank
-from tl_query_lens.results import SavableResult
+from tl_query_lens.results import SavableResult, write_json
 
 logger = logging.getLogger(__name__)
 
 
-def _baselines(sae: ReadoutSAE, rows: torch.Tensor, cache: dict) -> dict[str, Callable[[], torch.Tensor]]:
+def _baselines(sae: ReadoutSAE, rows: torch.Tensor, cache: dict, *, kmeans_widths: tuple[int, int] | None,
+               kmeans_iters: int, ridge_k: int | None) -> dict[str, Callable[[], torch.Tensor]]:
     def neighbours():
         if "nb" not in cache:
             cache["nb"] = bl.nearest_rows(bl.normalise_rows(rows)[2], 128)
@@ -32,17 +33,19 @@ def _baselines(sae: ReadoutSAE, rows: torch.Tensor, cache: dict) -> dict[str, Ca
 
     def centroids(width):
         if width not in cache:
-            cache[width] = bl.spherical_kmeans(bl.normalise_rows(rows)[2], width)
+            cache[width] = bl.spherical_kmeans(bl.normalise_rows(rows)[2], width, iters=kmeans_iters)
         return cache[width]
 
     width, k = sae.cfg.d_sae, sae.cfg.k
+    small, full = kmeans_widths or (max(k, width // 4), width)
+    ridge_k = ridge_k or k
     return {
         "shuffled_codes": lambda: bl.shuffled_codes(sae, rows),
         "random_support": lambda: bl.random_support(sae, rows),
         "pca256": lambda: bl.pca(rows, rank=256),
-        "hard_assignment": lambda: bl.hard_assignment(rows, centroids(width)),
-        "kmeans_ridge_small": lambda: bl.kmeans_ridge(rows, centroids(max(k, width // 4)), k=k),
-        "kmeans_ridge_full": lambda: bl.kmeans_ridge(rows, centroids(width), k=k),
+        "hard_assignment": lambda: bl.hard_assignment(rows, centroids(full)),
+        "kmeans_ridge_small": lambda: bl.kmeans_ridge(rows, centroids(small), k=ridge_k),
+        "kmeans_ridge_full": lambda: bl.kmeans_ridge(rows, centroids(full), k=ridge_k),
         "knn_basis": lambda: bl.knn_basis(rows, neighbours=neighbours()),
         "nearest_row_ridge": lambda: bl.nearest_row_ridge(rows, neighbours=neighbours()),
     }
@@ -74,11 +77,16 @@ def evaluate_readout(
     baselines: Sequence[str] = bl.BASELINE_ORDER,
     ablation_states: int = 256,
     n_boot: int = 1000,
+    kmeans_widths: tuple[int, int] | None = None,
+    kmeans_iters: int = 10,
+    ridge_k: int | None = None,
     tracker=None,
 ) -> ReadoutReport:
     """Diagnostics of ``sae`` and of each named baseline on held-out ``states`` (DESIGN §6).
 
     Baselines run in the order given (cheapest first by default); results are logged to ``tracker`` as they come.
+    ``kmeans_widths`` (default: width/4 and width of the SAE), ``kmeans_iters`` and ``ridge_k`` (centroids per row
+    in k-means + ridge; default the SAE's k) trade baseline strength for CPU time.
     """
     check_compatible(sae, model)
     rows = unembedding_rows(model)
@@ -93,13 +101,14 @@ def evaluate_readout(
     report = ReadoutReport(srp=asdict(srp), seconds=seconds)
     if tracker is not None:
         tracker.log_scalars("srp", _scalars(srp))
+        write_json(tracker.out_dir / "srp_full.json", asdict(srp))
     if ablation_states:
         abl: AblationRegression = ablation_regression(sae, rows, states, max_states=ablation_states)
         report.ablation = asdict(abl)
         if tracker is not None:
             tracker.log_scalars("ablation", report.ablation)
     cache: dict = {}
-    makers = _baselines(sae, rows, cache)
+    makers = _baselines(sae, rows, cache, kmeans_widths=kmeans_widths, kmeans_iters=kmeans_iters, ridge_k=ridge_k)
     unknown = [b for b in baselines if b not in makers]
     if unknown:
         raise ValueError(f"Unknown baselines {unknown}; choose from {list(makers)}.")
@@ -112,6 +121,7 @@ def evaluate_readout(
         logger.info("%s: top-1 %.3f, coverage %.3f (%.0f s)", name, res.top1, res.coverage, seconds[name])
         if tracker is not None:
             tracker.log_scalars(f"baseline_{name}", _scalars(res))
+            write_json(tracker.out_dir / f"baseline_{name}_full.json", asdict(res))
     if tracker is not None:
         tracker.log_table("readout_vs_baselines", *report.table())
     return report
