@@ -129,14 +129,18 @@ def decompose(
     single = h.ndim == 1
     h2 = h.reshape(-1, h.shape[-1]).to(rows.device, dtype)
     nz = alpha.nonzero().squeeze(-1)
-    a = alpha[nz].to(dtype)
-    w = rows[nz].to(dtype)
+    rows64, resid64 = sae._float64_rows(rows)
     mu = sae.b_dec.detach().to(rows.device, dtype)
     D = sae.W_dec.detach().to(rows.device, dtype)
-    idx, val = sae.row_codes(nz)
+    if nz.numel() == alpha.numel():  # dense α (e.g. a vocabulary-mean contrast): no gathers
+        a, w, resid = alpha.to(dtype), rows64.to(dtype), resid64.to(dtype)
+        idx, val = sae.row_codes()
+    else:
+        a, w, resid = alpha[nz].to(dtype), rows64[nz].to(dtype), resid64[nz].to(dtype)
+        idx, val = sae.row_codes(nz)
     val = val.to(dtype)
     # Σ α_t r_t from the rows' own residuals r_t = w_t − μ − Σ_i z_{t,i} d_i (computed once per dictionary and rows).
-    r_alpha = a @ sae.row_residuals(rows)[nz].to(dtype)
+    r_alpha = a @ resid
     beta = torch.zeros(sae.cfg.d_sae, dtype=dtype, device=rows.device).index_add_(
         0, idx.reshape(-1), (a[:, None] * val).reshape(-1))
     proj = h2 @ D.T

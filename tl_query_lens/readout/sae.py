@@ -132,7 +132,11 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
                          ) + self.b_dec
 
     def row_residuals(self, rows: Float[torch.Tensor, "d_vocab d_model"]) -> Float[torch.Tensor, "d_vocab d_model"]:
-        """r_t = w_t − ŵ_t for every row, cached for these ``rows`` (recomputed when they or the weights change)."""
+        """r_t = w_t − ŵ_t for every row in float64, cached for these ``rows`` (recomputed when they or the weights
+        change)."""
+        return self._float64_rows(rows)[1]
+
+    def _float64_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (rows.data_ptr(), tuple(rows.shape), rows._version, self.W_dec._version, self.code_values._version)
         cached = getattr(self, "_residual_cache", None)
         if cached is None or cached[0] != key:
@@ -140,9 +144,10 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
                 W_dec = self.W_dec.double()
                 recon = torch.cat([decode_sparse(i, v, W_dec) for i, v in
                                    zip(self.code_indices.split(4096), self.code_values.split(4096))])
-                cached = (key, rows.to(W_dec) - recon - self.b_dec.double())
+                rows64 = rows.to(W_dec)
+                cached = (key, rows64, rows64 - recon - self.b_dec.double())
             self._residual_cache = cached
-        return cached[1]
+        return cached[1], cached[2]
 
     def beta(self, alpha: Float[torch.Tensor, " d_vocab"]) -> Float[torch.Tensor, " d_sae"]:
         """β_i(α) = Σ_t α_t z_{t,i} (DESIGN §6), from the stored sparse codes; only rows with α_t ≠ 0 are read."""
