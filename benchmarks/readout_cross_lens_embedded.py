@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--fit-seqs", type=int, default=4)
     parser.add_argument("--eval-seqs", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--operator-cache", default=None, help="folder to cache/reuse the value operators")
     parser.add_argument("--out", default="results/readout/cross_lens")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -43,8 +44,9 @@ def main() -> None:
     hooks = [f"blocks.{int(x)}.hook_resid_post" for x in args.layers.split(",")]
     corpus_a = load_corpus("embedded", model, n_seqs=args.fit_seqs, seq_len=args.seq_len, split="train", seed=0)
     corpus_b = load_corpus(license_documents(), model, n_seqs=args.fit_seqs, seq_len=args.seq_len, split="train", seed=0)
-    ops_a = value_operators(model, corpus_a, hooks, skip_positions=1)
-    ops_b = value_operators(model, corpus_b, hooks, skip_positions=1)
+    cache = Path(args.operator_cache) if args.operator_cache else None
+    ops_a = value_operators(model, corpus_a, hooks, skip_positions=1, cache_dir=cache and cache / "a")
+    ops_b = value_operators(model, corpus_b, hooks, skip_positions=1, cache_dir=cache and cache / "b")
     frozen = load_corpus("embedded", model, n_seqs=args.eval_seqs, seq_len=args.seq_len, split="evaluation", seed=2)
     with torch.no_grad():
         _, cache = model.run_with_cache(frozen, names_filter=hooks)
