@@ -39,6 +39,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by others
     os.replace(tmp, path)
     return path
 
@@ -56,6 +57,7 @@ def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: 
     os.close(fd)
     meta = {k: json.dumps(_jsonable(v)) for k, v in (metadata or {}).items()}
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
 

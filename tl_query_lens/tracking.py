@@ -113,3 +113,36 @@ class Tracker:
 
     def __exit__(self, *exc) -> None:
         self.finish()
+
+
+def read_offline_records(wandb_file: str | Path) -> list[Any]:
+    """Parse an offline run's ``.wandb`` transaction log into ``wandb_internal_pb2.Record`` messages.
+
+    wandb 0.31 offline runs write no summary file; the log is a LevelDB-style record stream (7-byte ``:W&B`` header,
+    32 KiB blocks, records split FULL/FIRST/MIDDLE/LAST). Used to check what a run logged without any server.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(wandb_file).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{wandb_file} is not a W&B transaction log.")
+    block, header, pos = 32768, 7, 7
+    records, pending = [], b""
+    while pos + header <= len(data):
+        left_in_block = block - pos % block
+        if left_in_block < header:
+            pos += left_in_block
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        chunk = data[pos + header : pos + header + length]
+        pos += header + length
+        if kind == 0 and length == 0:
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
