@@ -3,6 +3,7 @@
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries import FFKV, FFKVSAE, FFKVSAEConfig, KeyValueView, as_key_value
 from tl_query_lens.models import load_model
+from tl_query_lens.query_lens import QueryLens, query_lens_reference
 
 __version__ = "0.1.0"
 
@@ -11,7 +12,9 @@ __all__ = [
     "FFKVSAE",
     "FFKVSAEConfig",
     "KeyValueView",
+    "QueryLens",
     "as_key_value",
     "load_corpus",
     "load_model",
+    "query_lens_reference",
 ]

@@ -8,7 +8,7 @@ import logging
 import sys
 
 # Each module defines ``add_parser(subparsers)`` that registers its subcommand and sets ``func(args) -> int``.
-SUBCOMMANDS = ("ffkv",)
+SUBCOMMANDS = ("ffkv", "query_lens")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,40 @@
+"""``tlql query-lens`` end to end on a tiny model (the loaders are swapped for offline tiny ones)."""
+
+import csv
+
+import pytest
+
+import tl_query_lens
+from tests.helpers import tiny_model, tiny_tokens
+from tl_query_lens.cli import main
+from tl_query_lens.query_lens import Signatures
+
+
+@pytest.fixture
+def tiny_loaders(monkeypatch):
+    model = tiny_model("gated_rms")
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs,
+                                                                                                    seq_len))
+    return model
+
+
+@pytest.mark.parametrize("method", ["full", "first_order"])
+def test_query_lens_command(tmp_path, tiny_loaders, method):
+    out = tmp_path / "ql"
+    argv = ["query-lens", "--layers", "0,2", "--features", "0-4,9", "--k", "3", "--n-seqs", "2", "--seq-len", "8",
+            "--method", method, "--out", str(out)]
+    assert main(argv) == 0
+    for layer in (0, 2):
+        for side in ("value", "key"):
+            sig = Signatures.load(out / f"layer{layer}_{side}")
+            assert sig.feature_ids.tolist() == [0, 1, 2, 3, 4, 9] and sig.top_ids.shape == (6, 3)
+            rows = list(csv.DictReader((out / f"signatures_layer{layer}_{side}.csv").open()))
+            assert [int(r["feature"]) for r in rows] == [0, 1, 2, 3, 4, 9]
+    assert Signatures.load(out / "layer0_value").method == method
+    assert list((out / "wandb").glob("offline-run-*"))
+
+
+def test_query_lens_command_rejects_bad_features(tmp_path, tiny_loaders):
+    with pytest.raises(SystemExit, match="out of range"):
+        main(["query-lens", "--layers", "1", "--features", "0,64", "--no-wandb", "--out", str(tmp_path)])

@@ -1,0 +1,316 @@
+"""The transition-operator engine: corpus-mean Jacobians between hook points by batched sweeps (DESIGN §4).
+
+Every operator is ``O = (1/|T|) Σ_{t∈T} Σ_s ∂h_dst[t]/∂h_src[s]``: a tangent broadcast to every position ``s`` of the
+source hook (cross-position terms kept), read at the valid positions ``t ∈ T`` (all positions ``≥ skip_positions``) of
+the destination hook, at the clean activations of the corpus. The perturbation is injected by a hook that adds a
+``[d_src]`` vector to the hook's activation, so the functional pieces are TransformerLens' own (standard and rotary
+positions, LN and RMS, gated MLPs alike), and the model is run clean (no SAEs spliced in).
+
+Two directions, one code path:
+
+* ``"reverse"`` — one forward pass per minibatch, then ``d_dst`` cotangents ``e_j`` (placed at every valid position of
+  the destination) pulled back in chunks with ``torch.autograd.grad(..., is_grads_batched=True)`` (vmap over the
+  backward). Row ``j`` of the operator of EVERY perturbed source comes out of the same backward: one sweep gives the
+  value operators of all layers.
+* ``"forward"`` — ``torch.func.vmap(torch.func.jvp)`` with ``d_src`` basis tangents at the source; column ``i`` of the
+  operator to EVERY read destination comes out of the same pass: one sweep gives the key operators of all layers.
+
+Module operators (``J̄_A^k``, ``J̄_M^k``) perturb ``blocks.k.hook_resid_pre`` / ``hook_resid_mid`` in "replace" mode
+(``x.detach() + δ``), which cuts every path from upstream perturbations, so one sweep yields every module's operator
+in isolation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch.func import jvp, vmap
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from tl_query_lens.corpus import corpus_fingerprint
+from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
+from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
+from tl_query_lens.operators.store import OperatorSet, cache_path, check_finite
+
+logger = logging.getLogger(__name__)
+
+Direction = Literal["reverse", "forward"]
+EMBED_HOOK = "hook_embed"
+
+
+@dataclass
+class _Sweep:
+    """One batched sweep: tangents/cotangents over a basis, perturbations injected at ``perturb`` hooks.
+
+    ``perturb`` maps hook → replace? (``x.detach() + δ`` instead of ``x + δ``). ``names`` maps the hook that indexes the
+    result (perturbed hook in reverse mode, read hook in forward mode) to the operator name it fills.
+    """
+
+    direction: Direction
+    perturb: dict[str, bool]
+    read: list[str]
+    names: dict[str, str]
+
+
+def final_hook(model: HookedTransformer) -> str:
+    """``blocks.{L-1}.hook_resid_post``: the residual the final norm reads."""
+    return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+
+
+def check_tokens(model: HookedTransformer, tokens: torch.Tensor, skip_positions: int = 0) -> torch.Tensor:
+    """Validate a ``[batch, pos]`` integer token batch against the model's vocabulary and context."""
+    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int32):
+        raise TypeError("tokens must be an integer tensor [batch, pos] (e.g. from tl_query_lens.load_corpus).")
+    if tokens.numel() == 0:
+        raise ValueError("tokens is empty.")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= model.cfg.d_vocab:
+        raise ValueError(
+            f"Token ids span [{lo}, {hi}] but the model's vocabulary has {model.cfg.d_vocab} entries: these tokens "
+            "come from another tokenizer. Tokenize with this model (load_corpus(..., model, ...) or model.to_tokens)."
+        )
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise ValueError(f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}.")
+    if not 0 <= skip_positions < tokens.shape[1]:
+        raise ValueError(f"skip_positions={skip_positions} must be in [0, seq_len={tokens.shape[1]}).")
+    return tokens.long()
+
+
+def _stop_layer(model: HookedTransformer, hooks: Sequence[str]) -> int | None:
+    layers = [hook_layer(h) for h in hooks]
+    if any(layer is None and h != EMBED_HOOK and not h.startswith("hook_pos_embed") for h, layer in zip(hooks, layers)):
+        return None  # e.g. ln_final.*: run to the end
+    deepest = max((layer for layer in layers if layer is not None), default=-1)
+    return deepest + 1
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(2) if x.ndim == 4 else x  # hook_z style [batch, pos, head, d_head] → [batch, pos, head·d_head]
+
+
+def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], sweep: _Sweep,
+               valid: Float[torch.Tensor, "batch pos"], widths: dict[str, int], sums: dict[str, torch.Tensor],
+               chunk: int, bar) -> None:
+    """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``)."""
+    dtype, device = model.cfg.dtype, tokens.device
+    stop = _stop_layer(model, [*sweep.perturb, *sweep.read])
+    deltas: dict[str, torch.Tensor] = {}
+    captured: dict[str, torch.Tensor] = {}
+
+    def inject(x: torch.Tensor, hook) -> torch.Tensor:
+        base = x.detach() if sweep.perturb[hook.name] else x
+        return base + deltas[hook.name]
+
+    def grab(x: torch.Tensor, hook) -> None:
+        captured[hook.name] = _flat(x)
+
+    hooks = [(name, inject) for name in sweep.perturb] + [(name, grab) for name in sweep.read]
+    if sweep.direction == "reverse":
+        (d_basis,) = {widths[n] for n in sweep.read}
+        with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+            for name in sweep.perturb:
+                deltas[name] = torch.zeros(widths[name], dtype=dtype, device=device, requires_grad=True)
+            model(tokens, stop_at_layer=stop)
+            outputs = [captured[name] for name in sweep.read]
+            sources = list(sweep.perturb)
+            for start in range(0, d_basis, chunk):
+                idx = torch.arange(start, min(start + chunk, d_basis), device=device)
+                cot = torch.zeros(len(idx), *valid.shape, d_basis, dtype=dtype, device=device)
+                cot[torch.arange(len(idx)), :, :, idx] = valid.to(dtype)
+                grads = torch.autograd.grad(outputs, [deltas[n] for n in sources], [cot] * len(outputs),
+                                            retain_graph=True, allow_unused=True, is_grads_batched=True)
+                for name, grad in zip(sources, grads):
+                    if grad is None:
+                        raise ValueError(f"Hook {name!r} does not influence {sweep.read}: it is downstream of them.")
+                    sums[sweep.names[name]][idx] += grad.float()  # rows j = e_jᵀ J
+                bar.update(1)
+            captured.clear()
+        return
+
+    (d_basis,) = {widths[n] for n in sweep.perturb}
+    mask = valid.to(dtype)[..., None]
+
+    def forward(delta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        for name in sweep.perturb:
+            deltas[name] = delta
+        model(tokens, stop_at_layer=stop)
+        return tuple((captured[name] * mask).sum((0, 1)) for name in sweep.read)
+
+    zero = torch.zeros(d_basis, dtype=dtype, device=device)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        for start in range(0, d_basis, chunk):
+            idx = torch.arange(start, min(start + chunk, d_basis), device=device)
+            basis = torch.eye(d_basis, dtype=dtype, device=device)[idx]
+            columns = vmap(lambda t: jvp(forward, (zero,), (t,))[1])(basis)
+            for name, col in zip(sweep.read, columns):
+                sums[sweep.names[name]][:, idx] += col.T.float()  # columns i = J e_i
+            bar.update(1)
+            captured.clear()
+
+
+def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: str, names: list[str],
+             shapes: dict[str, tuple[int, int]], sweeps: list[_Sweep], widths: dict[str, int], *,
+             skip_positions: int, chunk: int, batch_size: int, cache_dir, progress: bool) -> OperatorSet:
+    """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
+    if chunk < 1 or batch_size < 1:
+        raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
+    tokens = check_tokens(model, tokens, skip_positions)
+    fingerprint = corpus_fingerprint(tokens)
+    dtype = str(model.cfg.dtype).replace("torch.", "")
+    model_name = str(model.cfg.model_name)
+    local, rank, world = world_slice(tokens)
+    path = None
+    if cache_dir is not None:
+        path = cache_path(cache_dir, kind, model_name, names, fingerprint, dtype, skip_positions)
+    state = None
+    if path is not None and path.exists():
+        state = OperatorSet.load(path)
+        if state.complete:
+            logger.info("Reusing cached %s from %s", state.describe(), path)
+            return state
+        if world > 1 or state.batch_size != batch_size:
+            state = None  # partial states are only resumed by a single process with the same minibatch split
+    if state is None:
+        state = OperatorSet(kind=kind, sums={n: torch.zeros(shapes[n]) for n in names}, count=0,
+                            model_name=model_name, anchor_hook=anchor, corpus_fingerprint=fingerprint, dtype=dtype,
+                            skip_positions=skip_positions, batches_done=0, batch_size=batch_size,
+                            extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk})
+    else:
+        logger.info("Resuming %s after %d minibatches", state.describe(), state.batches_done)
+    state.sums = {n: s.to(model.cfg.device) for n, s in state.sums.items()}
+    batches = list(torch.split(local.to(model.cfg.device), batch_size)) if len(local) else []
+    n_chunks = sum(-(-(widths[s.read[0]] if s.direction == "reverse" else widths[next(iter(s.perturb))]) // chunk)
+                   for s in sweeps)
+    bar = tqdm(total=(len(batches) - state.batches_done) * n_chunks, desc=f"{kind} operators",
+               disable=not progress or rank != 0)
+    for b in range(state.batches_done, len(batches)):
+        batch = batches[b]
+        valid = torch.zeros(batch.shape, device=batch.device)
+        valid[:, skip_positions:] = 1.0
+        for sweep in sweeps:
+            _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
+        state.count += int(valid.sum())
+        state.batches_done = b + 1
+        if path is not None and world == 1 and b + 1 < len(batches):
+            state.save(path)  # partial: a rerun resumes after this minibatch
+    bar.close()
+    state.batches_done = -1
+    if world > 1:  # on the model's device: gloo for CPU, nccl for CUDA
+        state.sums, state.count = all_reduce_sums(state.sums, state.count)
+    state.sums = {n: s.cpu() for n, s in state.sums.items()}
+    for name, s in state.sums.items():
+        check_finite(s, f"{kind} operator {name!r}")
+    if path is not None and rank == 0:
+        state.save(path)
+    return state
+
+
+def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
+    unique = list(dict.fromkeys(hooks))
+    for name in unique:
+        check_hook(model, name)
+    return hook_dims(model, unique)
+
+
+def value_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], hooks: Sequence[str], *,
+                    skip_positions: int = 0, chunk: int = 64, batch_size: int = 8, cache_dir=None,
+                    progress: bool = True, direction: Direction = "reverse") -> OperatorSet:
+    """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
+
+    ``Δh_final ≈ M_src @ v`` for a direction ``v`` added at every position of ``src``; h_final is
+    ``blocks.{L-1}.hook_resid_post`` (before the final norm). ``direction="reverse"`` (default) gets all sources from
+    one backward sweep with ``d_model`` cotangents; ``"forward"`` runs one JVP sweep per source (for cross-checks).
+
+    Args:
+        model: a HookedTransformer (run clean; SAEs attached to a HookedSAETransformer are ignored only if not spliced).
+        tokens: ``[batch, pos]`` corpus.
+        hooks: source hooks (e.g. ``blocks.18.hook_resid_post``).
+        skip_positions: leading positions of each sequence excluded from T.
+        chunk: cotangents/tangents per batched pass (memory ∝ chunk × batch × pos × width).
+        batch_size: sequences per forward pass.
+        cache_dir: folder to reuse/resume results whose metadata (model, hooks, corpus, dtype, skip) match.
+        progress: tqdm bar.
+        direction: ``"reverse"`` or ``"forward"``.
+    """
+    hooks = list(dict.fromkeys(hooks))
+    if not hooks:
+        raise ValueError("Give at least one source hook.")
+    final = final_hook(model)
+    widths = _widths(model, [*hooks, final])
+    for name in hooks:
+        if hook_layer(name) is None and name != EMBED_HOOK:
+            raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
+    if direction == "reverse":
+        sweeps = [_Sweep("reverse", {h: False for h in hooks}, [final], {h: h for h in hooks})]
+    elif direction == "forward":
+        sweeps = [_Sweep("forward", {h: False}, [final], {final: h}) for h in hooks]
+    else:
+        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    shapes = {h: (widths[final], widths[h]) for h in hooks}
+    return _compute(model, tokens, "value", final, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
+                    chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+
+
+def key_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], hooks: Sequence[str], *,
+                  skip_positions: int = 0, chunk: int = 64, batch_size: int = 8, cache_dir=None,
+                  progress: bool = True, direction: Direction = "forward") -> OperatorSet:
+    """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
+
+    ``Δh_dst ≈ N_dst @ δe`` for ``δe`` added to the embedding of every position. ``direction="forward"`` (default)
+    reaches all destinations in one JVP sweep with ``d_model`` tangents; ``"reverse"`` runs one backward sweep per
+    destination. Other arguments as in :func:`value_operators`.
+    """
+    hooks = list(dict.fromkeys(hooks))
+    if not hooks:
+        raise ValueError("Give at least one destination hook.")
+    widths = _widths(model, [EMBED_HOOK, *hooks])
+    if direction == "forward":
+        sweeps = [_Sweep("forward", {EMBED_HOOK: False}, hooks, {h: h for h in hooks})]
+    elif direction == "reverse":
+        sweeps = [_Sweep("reverse", {EMBED_HOOK: False}, [h], {EMBED_HOOK: h}) for h in hooks]
+    else:
+        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    shapes = {h: (widths[h], widths[EMBED_HOOK]) for h in hooks}
+    return _compute(model, tokens, "key", EMBED_HOOK, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
+                    chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+
+
+def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
+                     layers: Sequence[int] | None = None, *, skip_positions: int = 0, chunk: int = 64,
+                     batch_size: int = 8, cache_dir=None, progress: bool = True,
+                     direction: Direction = "reverse") -> OperatorSet:
+    """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k = ∂attn_out_k/∂resid_pre_k
+    and ``blocks.k.mlp`` = J̄_M^k = ∂mlp_out_k/∂resid_mid_k, each ``[d_model, d_model]`` (DESIGN §4–5).
+
+    Inputs are perturbed in replace mode (``x.detach() + δ``) so each module sees only its own tangent; one sweep in
+    either direction gives every module. Other arguments as in :func:`value_operators`.
+    """
+    n_layers = model.cfg.n_layers
+    layers = list(range(n_layers)) if layers is None else sorted({int(k) for k in layers})
+    bad = [k for k in layers if not 0 <= k < n_layers]
+    if bad or not layers:
+        raise ValueError(f"layers {bad or layers} out of range for a model with {n_layers} layers.")
+    if getattr(model.cfg, "parallel_attn_mlp", False):
+        raise NotImplementedError("Parallel attention/MLP blocks have no resid_mid; module operators need it.")
+    inputs = {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers for p, m in (("pre", "attn"),
+                                                                                            ("mid", "mlp"))}
+    outputs = {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")}
+    widths = _widths(model, [*inputs, *outputs])
+    perturb = {h: True for h in inputs}
+    if direction == "reverse":
+        sweeps = [_Sweep("reverse", perturb, list(outputs), inputs)]
+    elif direction == "forward":
+        sweeps = [_Sweep("forward", perturb, list(outputs), outputs)]
+    else:
+        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    names = list(outputs.values())
+    d = model.cfg.d_model
+    return _compute(model, tokens, "module", "", names, {n: (d, d) for n in names}, sweeps, widths,
+                    skip_positions=skip_positions, chunk=chunk, batch_size=batch_size, cache_dir=cache_dir,
+                    progress=progress)

@@ -1,0 +1,174 @@
+"""OperatorSet: corpus sums of transition operators with the metadata needed to reuse, resume and merge them (DESIGN §4).
+
+An operator is stored as the SUM over valid tokens T of the per-token Jacobian (summed over source positions, i.e. a
+tangent broadcast to every position) plus the token count |T|, in fp32. The corpus mean ``sums / count`` is what
+methods use; sums are what shards add (``merge``, ``all_reduce``) and what a resumed run keeps accumulating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+
+from tl_query_lens.results import read_tensors, write_tensors
+
+OperatorKind = Literal["value", "key", "module"]
+_KINDS = ("value", "key", "module")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class OperatorSet:
+    """Named corpus-mean operators ``[d_out, d_in]``, stored as fp32 sums plus the valid-token count.
+
+    ``ops[name]`` is the mean operator (``sums[name] / count``). For value operators ``name`` is the source hook and the
+    operator maps a residual perturbation there to the change of ``anchor_hook`` (the final residual); for key operators
+    ``name`` is the destination hook and the operator maps a perturbation of ``anchor_hook`` (``hook_embed``) to it; for
+    module operators the names are ``blocks.k.attn`` (∂attn_out_k/∂resid_pre_k) and ``blocks.k.mlp``
+    (∂mlp_out_k/∂resid_mid_k).
+
+    Attributes:
+        kind: ``"value"``, ``"key"`` or ``"module"``.
+        sums: operator sums over valid tokens, fp32, each ``[d_out, d_in]``.
+        count: number of valid tokens |T| summed over.
+        model_name: ``model.cfg.model_name`` of the model linearised.
+        anchor_hook: the final hook (value), the embedding hook (key), or ``""`` (module).
+        corpus_fingerprint: :func:`tl_query_lens.corpus.corpus_fingerprint` of the full token batch.
+        dtype: the model dtype the Jacobians were computed in.
+        skip_positions: positions ``< skip_positions`` of every sequence are excluded from T.
+        batches_done: sequence minibatches accumulated so far (for resuming); ``-1`` once complete.
+        batch_size: sequences per minibatch (resuming needs the same split).
+        extra: free-form JSON-able metadata (e.g. the sweep direction used).
+    """
+
+    kind: OperatorKind
+    sums: dict[str, Float[torch.Tensor, "d_out d_in"]]
+    count: int
+    model_name: str
+    anchor_hook: str
+    corpus_fingerprint: str
+    dtype: str
+    skip_positions: int = 0
+    batches_done: int = -1
+    batch_size: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {self.kind!r}.")
+        self.sums = {name: s.detach().to(torch.float32) for name, s in self.sums.items()}
+
+    # ----- access -------------------------------------------------------------------------------------------------
+    @property
+    def hooks(self) -> list[str]:
+        """Operator names, in insertion order."""
+        return list(self.sums)
+
+    @property
+    def complete(self) -> bool:
+        return self.batches_done < 0
+
+    def keys(self):
+        return self.sums.keys()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.sums
+
+    def __iter__(self):
+        return iter(self.sums)
+
+    def __len__(self) -> int:
+        return len(self.sums)
+
+    def __getitem__(self, name: str) -> Float[torch.Tensor, "d_out d_in"]:
+        """The corpus-mean operator ``sums[name] / count``; raises on unknown names and non-finite entries."""
+        if name not in self.sums:
+            raise KeyError(f"No {self.kind} operator for {name!r}; this set holds {self.hooks}.")
+        if self.count <= 0:
+            raise ValueError("This OperatorSet has no tokens (count = 0); compute it on a non-empty corpus.")
+        mean = self.sums[name] / self.count
+        check_finite(mean, f"{self.kind} operator {name!r}")
+        return mean
+
+    def items(self):
+        return ((name, self[name]) for name in self.sums)
+
+    # ----- combining ----------------------------------------------------------------------------------------------
+    def compatible(self, other: OperatorSet) -> bool:
+        return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks) == (
+            other.kind, other.model_name, other.anchor_hook, other.dtype, other.skip_positions, other.hooks)
+
+    def merge(self, other: OperatorSet) -> OperatorSet:
+        """Sums and counts of two shards added (e.g. two corpora, or two ranks); metadata must agree."""
+        if not self.compatible(other):
+            raise ValueError(
+                "Cannot merge operator sets with different kind/model/anchor/dtype/skip_positions/hooks: "
+                f"{self.describe()} vs {other.describe()}."
+            )
+        fingerprint = self.corpus_fingerprint
+        if other.corpus_fingerprint != fingerprint:
+            fingerprint = "+".join(sorted({*fingerprint.split("+"), *other.corpus_fingerprint.split("+")}))
+        return dataclasses.replace(
+            self,
+            sums={name: self.sums[name] + other.sums[name] for name in self.sums},
+            count=self.count + other.count,
+            corpus_fingerprint=fingerprint,
+            batches_done=-1,
+        )
+
+    def describe(self) -> str:
+        return (f"{self.kind} operators of {self.model_name} ({len(self)} hooks, {self.count} tokens, "
+                f"corpus {self.corpus_fingerprint}, {self.dtype}, skip {self.skip_positions})")
+
+    # ----- disk ---------------------------------------------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION, "kind": self.kind, "count": self.count, "model_name": self.model_name,
+            "anchor_hook": self.anchor_hook, "corpus_fingerprint": self.corpus_fingerprint, "dtype": self.dtype,
+            "skip_positions": self.skip_positions, "batches_done": self.batches_done, "batch_size": self.batch_size,
+            "hooks": self.hooks, "extra": self.extra,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write sums + metadata to one safetensors file (atomic)."""
+        return write_tensors(path, {name: s for name, s in self.sums.items()}, self.metadata())
+
+    @classmethod
+    def load(cls, path: str | Path) -> OperatorSet:
+        tensors, meta = read_tensors(path)
+        if meta.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{path} is not an OperatorSet file of format {FORMAT_VERSION} (metadata: {meta}).")
+        return cls(
+            kind=meta["kind"], sums={name: tensors[name] for name in meta["hooks"]}, count=int(meta["count"]),
+            model_name=meta["model_name"], anchor_hook=meta["anchor_hook"],
+            corpus_fingerprint=meta["corpus_fingerprint"], dtype=meta["dtype"],
+            skip_positions=int(meta["skip_positions"]), batches_done=int(meta["batches_done"]),
+            batch_size=int(meta["batch_size"]), extra=meta.get("extra", {}),
+        )
+
+
+def check_finite(tensor: torch.Tensor, what: str) -> None:
+    """Raise a ValueError naming ``what`` if ``tensor`` holds NaN or inf."""
+    if not torch.isfinite(tensor).all():
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ValueError(
+            f"The {what} has {bad} non-finite entries (NaN/inf). The model produced non-finite activations or "
+            "gradients on this corpus: compute operators in float32, check the tokens, or drop the offending "
+            "sequences; a cached file may be corrupt (delete it from cache_dir)."
+        )
+
+
+def cache_path(cache_dir: str | Path, kind: str, model_name: str, hooks: list[str], fingerprint: str, dtype: str,
+               skip_positions: int) -> Path:
+    """Deterministic file name for an operator set, keyed by everything that changes its value."""
+    key = json.dumps([kind, model_name, sorted(hooks), fingerprint, dtype, skip_positions, FORMAT_VERSION])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    safe_model = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model_name)
+    return Path(cache_dir) / f"{kind}-{safe_model}-{digest}.safetensors"

@@ -1,0 +1,261 @@
+"""QueryLens: key and value signatures of every feature of a dictionary by matmuls over corpus operators (DESIGN §5).
+
+Add to a TransformerLens script::
+
+    lens = QueryLens(model, tokens)
+    sig = lens.value_signatures(sae, k=25)          # or lens.key_signatures(sae)
+    print(sig.top_strings[0])
+
+Formulas (DESIGN §5, arXiv 2606.07617 §3):
+
+* LL_VALUE ``W_U·LN_f(v)``; LL_KEY ``E·k`` (raw).
+* QL_VALUE full ``s = W_U·LN_f(M_l v) + b_U``, ``M_l`` the value operator of the dictionary's value hook.
+* QL_VALUE first-order ``s = W_U·LN_f(v + Σ_m J̄_m v)`` over the modules m downstream of the value hook (for
+  ``blocks.l.hook_resid_post``: attention and MLP of every block k > l; ``hook_resid_mid``: MLP of l, then k > l;
+  ``hook_resid_pre``: attention and MLP of l, then k > l).
+* QL_KEY ``ḡ = N_lᵀ k``, ``s_t = ⟨ḡ, (e_t − c)/‖e_t − c‖⟩``, c the mean embedding of the valid corpus tokens.
+
+``LN_f`` is ``model.ln_final`` applied to the direction itself (not linearised): v/rms(v) (times w, with eps) for RMS,
+centre-and-scale (times w, plus b) for LayerNorm.
+
+Per-module shares (first-order only): with ``u = v + Σ_m c_m``, ``c_m = J̄_m v``, LN_f(u) = w ⊙ P(u)/σ(u) + b (P centres
+for LayerNorm, identity for RMS; σ(u) its scale), so the logit vector splits exactly into
+``W_U b + Σ_terms W_U (w ⊙ P(c)/σ(u))`` over the terms direct (``c = v``) and each module. A term's share is its summed
+contribution over the feature's top-k tokens divided by the summed feature-dependent score (all terms) over the same
+tokens; shares sum to 1 and may be negative (a module that works against the signature).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+from transformer_lens.components import LayerNorm, LayerNormPre
+
+from tl_query_lens.corpus import corpus_fingerprint
+from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
+from tl_query_lens.hooks import hook_layer
+from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
+from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.operators.store import check_finite
+from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
+
+logger = logging.getLogger(__name__)
+
+ValueMethod = Literal["full", "first_order", "logit_lens"]
+KeyMethod = Literal["full", "logit_lens"]
+
+
+def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
+    """Module operators (``blocks.k.attn`` / ``blocks.k.mlp``) a vector written at ``value_hook`` passes through."""
+    layer = hook_layer(value_hook)
+    suffix = value_hook.rsplit(".", 1)[-1]
+    if layer is None or suffix not in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
+        raise ValueError(f"Value hooks are residual hooks blocks.l.hook_resid_pre/mid/post, not {value_hook!r}.")
+    modules = {"hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
+               "hook_resid_mid": [f"blocks.{layer}.mlp"], "hook_resid_post": []}[suffix]
+    return modules + [f"blocks.{k}.{m}" for k in range(layer + 1, n_layers) for m in ("attn", "mlp")]
+
+
+class QueryLens:
+    """Key and value signatures for any dictionary ``as_key_value`` accepts, on a fixed corpus.
+
+    Operators are computed lazily by the engine (one sweep per request, all missing hooks at once; call
+    :meth:`precompute` to batch many layers into one sweep) and kept in memory (and in ``cache_dir`` if given).
+
+    Args:
+        model: the clean TransformerLens model (no SAEs spliced in).
+        tokens: ``[batch, pos]`` corpus the operators are averaged over.
+        skip_positions: leading positions excluded from the valid tokens T.
+        chunk / batch_size / cache_dir / progress: passed to the engine.
+        feature_chunk: features scored per matmul against the vocabulary (memory ∝ feature_chunk × d_vocab).
+    """
+
+    def __init__(self, model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], *, skip_positions: int = 0,
+                 chunk: int = 64, batch_size: int = 8, feature_chunk: int = 256, cache_dir=None,
+                 progress: bool = True) -> None:
+        if feature_chunk < 1:
+            raise ValueError(f"feature_chunk must be ≥ 1, got {feature_chunk}.")
+        self.model = model
+        self.tokens = check_tokens(model, tokens, skip_positions)
+        self.skip_positions = skip_positions
+        self.feature_chunk = feature_chunk
+        self._engine = {"skip_positions": skip_positions, "chunk": chunk, "batch_size": batch_size, "cache_dir": cache_dir,
+                            "progress": progress}
+        self._value: dict[str, torch.Tensor] = {}
+        self._key: dict[str, torch.Tensor] = {}
+        self._module: dict[str, torch.Tensor] = {}
+        self.fingerprint = corpus_fingerprint(self.tokens)
+        self.n_tokens = int(self.tokens[:, skip_positions:].numel())
+
+    # ----- operators ----------------------------------------------------------------------------------------------
+    def precompute(self, *, value_hooks: Sequence[str] = (), key_hooks: Sequence[str] = (),
+                   module_layers: Sequence[int] = ()) -> None:
+        """Compute every missing operator of the given kinds, one engine sweep per kind."""
+        missing = [h for h in dict.fromkeys(value_hooks) if h not in self._value]
+        if missing:
+            self._store(self._value, value_operators(self.model, self.tokens, missing, **self._engine))
+        missing = [h for h in dict.fromkeys(key_hooks) if h not in self._key]
+        if missing:
+            self._store(self._key, key_operators(self.model, self.tokens, missing, **self._engine))
+        layers = sorted({int(k) for k in module_layers if f"blocks.{int(k)}.attn" not in self._module})
+        if layers:
+            self._store(self._module, module_operators(self.model, self.tokens, layers, **self._engine))
+
+    @staticmethod
+    def _store(target: dict[str, torch.Tensor], operators: OperatorSet) -> None:
+        for name in operators:
+            target[name] = operators[name]  # the mean; raises on NaN/inf
+
+    def value_operator(self, hook: str) -> Float[torch.Tensor, "d_model d_model"]:
+        self.precompute(value_hooks=[hook])
+        return self._value[hook]
+
+    def key_operator(self, hook: str) -> Float[torch.Tensor, "d_in d_model"]:
+        self.precompute(key_hooks=[hook])
+        return self._key[hook]
+
+    def module_operator(self, name: str) -> Float[torch.Tensor, "d_model d_model"]:
+        layer = hook_layer(name)
+        if layer is None or name.rsplit(".", 1)[-1] not in ("attn", "mlp"):
+            raise KeyError(f"Module operators are named blocks.k.attn / blocks.k.mlp, not {name!r}.")
+        self.precompute(module_layers=[layer])
+        return self._module[name]
+
+    @torch.no_grad()
+    def corpus_center(self) -> Float[torch.Tensor, " d_model"]:
+        """Mean token embedding c over the valid corpus tokens (QL_KEY)."""
+        return self.model.W_E[self.tokens[:, self.skip_positions:].reshape(-1)].mean(0)
+
+    # ----- signatures ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def value_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
+                         k: int = 25, method: ValueMethod = "full") -> Signatures:
+        """What each feature promotes: top/bottom-k tokens of its value signature (DESIGN §5)."""
+        view, ids = self._view(dictionary, features, k)
+        values = view.values[ids].to(self.model.cfg.device, torch.float32)
+        hook = view.value_hook
+        names, terms = None, None
+        if method == "logit_lens":
+            raw = values
+        elif method == "full":
+            raw = values @ self.value_operator(hook).T  # M_l v
+        elif method == "first_order":
+            names = downstream_modules(hook, self.model.cfg.n_layers)
+            self.precompute(module_layers=sorted({hook_layer(n) for n in names}))
+            terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
+            raw = torch.stack(terms).sum(0)
+            names = ["direct", *names]
+        else:
+            raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
+        directions = self._final_norm(raw)
+        check_finite(directions, "value directions")
+        result = self._rank(directions, ids, view, side="value", method=method, k=k, readout="unembed",
+                            add_bias=method == "full", center=None)
+        if terms is not None:
+            result.module_names = names
+            result.module_contributions = self._contributions(raw, terms, result.top_ids)
+            result.module_shares = result.module_contributions / result.module_contributions.sum(1, keepdim=True)
+        return result
+
+    @torch.no_grad()
+    def key_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
+                       k: int = 25, method: KeyMethod = "full") -> Signatures:
+        """What activates each feature: top/bottom-k tokens of its key signature (DESIGN §5)."""
+        view, ids = self._view(dictionary, features, k)
+        keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
+        if method == "logit_lens":
+            if view.d_in != self.model.cfg.d_model:
+                raise ValueError(f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
+                                 f"{view.read_hook} has width {view.d_in}. Use method='full'.")
+            return self._rank(keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False,
+                              center=None)
+        if method != "full":
+            raise ValueError(f"method must be 'full' or 'logit_lens', not {method!r}.")
+        gradients = keys @ self.key_operator(view.read_hook)  # ḡ = N_lᵀ k, one row per feature
+        check_finite(gradients, "key gradients")
+        return self._rank(gradients, ids, view, side="key", method=method, k=k, readout="embed_centred",
+                          add_bias=False, center=self.corpus_center())
+
+    # ----- internals ----------------------------------------------------------------------------------------------
+    def _view(self, dictionary: Any, features, k: int) -> tuple[KeyValueView, torch.Tensor]:
+        view = as_key_value(dictionary, self.model)
+        ids = view.feature_ids(features)
+        if not 1 <= k <= self.model.cfg.d_vocab:
+            raise ValueError(f"k must be in 1..d_vocab={self.model.cfg.d_vocab}, got {k}.")
+        return view, ids
+
+    def _final_norm(self, raw: Float[torch.Tensor, "n d_model"]) -> Float[torch.Tensor, "n d_model"]:
+        """LN_f applied to each direction itself (the module, eps and weights included; not linearised)."""
+        return self.model.ln_final(raw.to(self.model.cfg.dtype)[None])[0].float()
+
+    def _norm_parts(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """``(1/σ(u) [n,1], w [d], centre?)`` with LN_f(u) = w ⊙ P(u)/σ(u) + b."""
+        norm = self.model.ln_final
+        centre = isinstance(norm, (LayerNorm, LayerNormPre))
+        centred = raw - raw.mean(-1, keepdim=True) if centre else raw
+        inv_scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
+        weight = getattr(norm, "w", None)
+        weight = torch.ones(raw.shape[-1]) if weight is None else weight.detach().float()
+        return inv_scale, weight, centre
+
+    def _contributions(self, raw: torch.Tensor, terms: list[torch.Tensor],
+                       top_ids: torch.Tensor) -> Float[torch.Tensor, "n n_terms"]:
+        """Each term's logit contribution ``W_U[:, t]·(w ⊙ P(c)/σ(u))`` summed over the feature's top-k tokens."""
+        inv_scale, weight, centre = self._norm_parts(raw)
+        W_U = self.model.W_U.float()
+        contributions = []
+        for term in terms:
+            term = term - term.mean(-1, keepdim=True) if centre else term
+            linear = term * inv_scale * weight  # w ⊙ P(c)/σ(u)
+            picked = [torch.einsum("nd,dnk->n", linear[s: s + self.feature_chunk],
+                                   W_U[:, top_ids[s: s + self.feature_chunk]])  # Σ over top-k of W_U[:, t]·linear
+                      for s in range(0, len(top_ids), self.feature_chunk)]
+            contributions.append(torch.cat(picked))
+        return torch.stack(contributions, dim=1)
+
+    def _rank(self, directions: torch.Tensor, ids: torch.Tensor, view: KeyValueView, *, side: str, method: str,
+              k: int, readout: str, add_bias: bool, center: torch.Tensor | None) -> Signatures:
+        """Top/bottom-k of every direction's vocabulary scores, chunked over features (never F × V at once)."""
+        model = self.model
+        basis = None
+        if readout == "embed_centred":
+            basis = centred_embeddings(model, center)  # reuse across chunks
+        tops, top_scores, bottoms, bottom_scores = [], [], [], []
+        starts = range(0, len(ids), self.feature_chunk)
+        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self._engine["progress"]):
+            chunk = directions[start: start + self.feature_chunk]
+            if basis is not None:
+                scores = chunk.to(basis) @ basis.T
+            else:
+                scores = readout_scores(model, chunk, readout, add_bias, center)
+            high = scores.topk(k, dim=-1)
+            low = scores.topk(k, dim=-1, largest=False)
+            tops.append(high.indices)
+            top_scores.append(high.values.float())
+            bottoms.append(low.indices)
+            bottom_scores.append(low.values.float())
+        top_ids, bottom_ids = torch.cat(tops).cpu(), torch.cat(bottoms).cpu()
+        result = Signatures(
+            side=side, method=method, hook=view.value_hook if side == "value" else view.read_hook,
+            feature_ids=ids.clone(), top_ids=top_ids, top_scores=torch.cat(top_scores).cpu(),
+            bottom_ids=bottom_ids, bottom_scores=torch.cat(bottom_scores).cpu(), directions=directions.float().cpu(),
+            readout=readout, add_bias=add_bias, center=None if center is None else center.float().cpu(),
+            top_strings=self._strings(top_ids), bottom_strings=self._strings(bottom_ids),
+            model_name=str(model.cfg.model_name), corpus_fingerprint=self.fingerprint, n_tokens=self.n_tokens,
+            skip_positions=self.skip_positions,
+        )
+        return result.attach(model)
+
+    def _strings(self, ids: torch.Tensor) -> list[list[str]] | None:
+        tokenizer = getattr(self.model, "tokenizer", None)
+        if tokenizer is None:
+            return None
+        flat = tokenizer.batch_decode([[i] for i in ids.reshape(-1).tolist()])
+        width = ids.shape[1]
+        return [flat[r * width: (r + 1) * width] for r in range(ids.shape[0])]

@@ -1,0 +1,180 @@
+"""The paper's per-feature Query Lens, written plainly: chained JVP / VJP block by block for ONE feature.
+
+This is the independent reference the engine is tested and benchmarked against (arXiv 2606.07617 §3; DESIGN §5).
+It shares no code with ``tl_query_lens.operators``: it rebuilds the clean residual stream by calling
+``model.embed`` / ``model.pos_embed`` / ``model.blocks[k]`` itself and pushes ONE tangent (value side) or ONE cotangent
+(key side) through the blocks with ``torch.func.jvp`` / ``torch.func.vjp``. Cost per feature ≈ (L − l) block JVPs
+(value) plus l block VJPs (key) over the whole corpus — the cost the engine's operators amortise over all features.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch.func import jvp, vjp
+from transformer_lens import HookedTransformer
+
+from tl_query_lens.dictionaries.key_value import as_key_value
+
+_RESID = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+
+
+def _parse(hook: str) -> tuple[int, str]:
+    parts = hook.split(".")
+    if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+        raise NotImplementedError(f"The reference handles blocks.l.* hooks, not {hook!r}.")
+    return int(parts[1]), ".".join(parts[2:])
+
+
+def clean_stream(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"]) -> list[torch.Tensor]:
+    """``[resid_pre_0, …, resid_pre_{L-1}, resid_post_{L-1}]`` from the model's own pieces (no hooks, no cache)."""
+    x = model.embed(tokens)
+    if model.cfg.positional_embedding_type == "standard":
+        x = x + model.pos_embed(tokens)
+    elif model.cfg.positional_embedding_type != "rotary":
+        raise NotImplementedError(f"positional_embedding_type={model.cfg.positional_embedding_type!r}")
+    stream = [x]
+    for block in model.blocks:
+        x = block(x)
+        stream.append(x)
+    return stream
+
+
+def attn_update(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Block k's attention write ``R_A(x) = attn(ln1(x))`` (what ``hook_attn_out`` carries)."""
+    normed = block.ln1(x)
+    return block.attn(query_input=normed, key_input=normed, value_input=normed)
+
+
+def mlp_update(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Block k's MLP write ``R_M(x) = mlp(ln2(x))`` (what ``hook_mlp_out`` carries)."""
+    return block.mlp(block.ln2(x))
+
+
+def _normalized(norm, x: torch.Tensor) -> torch.Tensor:
+    """A TL norm's ``hook_normalized`` value (before its weight/bias), captured by a temporary hook."""
+    grabbed = {}
+    handle = norm.hook_normalized.register_forward_hook(lambda module, args, out: grabbed.__setitem__("x", out))
+    try:
+        norm(x)
+    finally:
+        handle.remove()
+    return grabbed["x"]
+
+
+def _read_function(model: HookedTransformer, read_hook: str):
+    """``(start_index, f)``: the hook's value as a function of ``resid_pre_l`` (``stream[l]``)."""
+    layer, name = _parse(read_hook)
+    block = model.blocks[layer]
+
+    def mid(x):
+        return x + attn_update(block, x)
+
+    functions = {
+        "hook_resid_pre": lambda x: x,
+        "hook_resid_mid": mid,
+        "hook_resid_post": lambda x: block(x),
+        "ln1.hook_normalized": lambda x: _normalized(block.ln1, x),
+        "ln2.hook_normalized": lambda x: _normalized(block.ln2, mid(x)),
+    }
+    if name not in functions:
+        raise NotImplementedError(f"The reference reads {sorted(functions)} of a block, not {name!r}.")
+    return layer, functions[name]
+
+
+def _valid(tokens: torch.Tensor, skip_positions: int) -> torch.Tensor:
+    mask = torch.zeros(tokens.shape)
+    mask[:, skip_positions:] = 1.0
+    return mask
+
+
+def _final_norm(model: HookedTransformer, direction: Float[torch.Tensor, " d_model"]) -> torch.Tensor:
+    return model.ln_final(direction[None, None])[0, 0]  # the final norm applied to the direction itself
+
+
+def value_direction(model: HookedTransformer, stream: list[torch.Tensor], hook: str, v: torch.Tensor,
+                    mask: torch.Tensor, method: str) -> Float[torch.Tensor, " d_model"]:
+    """``M_l v`` (full: chained JVPs to the final residual) or ``v + Σ_k (J̄_A^k + J̄_M^k) v`` (first-order)."""
+    layer, name = _parse(hook)
+    if name not in _RESID:
+        raise NotImplementedError(f"Values enter the residual stream; {hook!r} is not a residual hook.")
+    tangent = v.expand_as(stream[0]).contiguous()
+    n_valid = mask.sum()
+
+    def mean(t):
+        return (t * mask[..., None]).sum((0, 1)) / n_valid
+
+    # modules downstream of the hook, in order: (kind, block index)
+    first_block = layer + 1 if name == "hook_resid_post" else layer
+    modules = [] if name != "hook_resid_mid" else [("mlp", layer)]
+    start_attn = first_block if name != "hook_resid_mid" else layer + 1
+    for k in range(start_attn, model.cfg.n_layers):
+        modules += [("attn", k), ("mlp", k)]
+    if method == "first_order":
+        total = v.clone()
+        for kind, k in modules:
+            block = model.blocks[k]
+            if kind == "attn":
+                x_in = stream[k]
+                _, out = jvp(lambda x, b=block: attn_update(b, x), (x_in,), (tangent,))
+            else:
+                x_in = stream[k] + attn_update(block, stream[k])
+                _, out = jvp(lambda x, b=block: mlp_update(b, x), (x_in,), (tangent,))
+            total = total + mean(out)
+        return total
+    if method != "full":
+        raise ValueError(f"method must be 'full' or 'first_order', not {method!r}.")
+    if name == "hook_resid_mid":  # finish block `layer` from its resid_mid: x_mid + R_M(x_mid)
+        block = model.blocks[layer]
+        x_mid = stream[layer] + attn_update(block, stream[layer])
+        _, tangent = jvp(lambda x: x + mlp_update(block, x), (x_mid,), (tangent,))
+    for k in range(start_attn, model.cfg.n_layers):
+        _, tangent = jvp(model.blocks[k], (stream[k],), (tangent,))
+    return mean(tangent)
+
+
+def key_gradient(model: HookedTransformer, stream: list[torch.Tensor], read_hook: str, key: torch.Tensor,
+                 mask: torch.Tensor) -> Float[torch.Tensor, " d_model"]:
+    """``ḡ = N_lᵀ k``: cotangent ``k`` at every valid position of the read hook, pulled back block by block to the
+    token embeddings and summed over positions, divided by |T|."""
+    layer, read = _read_function(model, read_hook)
+    out, pull = vjp(read, stream[layer])
+    cot = key.expand_as(out.flatten(2) if out.ndim == 4 else out) * mask[..., None]
+    (cot,) = pull(cot.reshape(out.shape))
+    for k in reversed(range(layer)):
+        _, pull = vjp(model.blocks[k], stream[k])
+        (cot,) = pull(cot)
+    return cot.sum((0, 1)) / mask.sum()  # ∂resid_pre_0/∂embed = I (positions are added, or rotary)
+
+
+def query_lens_reference(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], dictionary: Any,
+                         feature: int, side: Literal["value", "key"] = "value", *,
+                         method: Literal["full", "first_order"] = "full",
+                         skip_positions: int = 0,
+                         clean: list[torch.Tensor] | None = None) -> Float[torch.Tensor, " d_vocab"]:
+    """Full-vocabulary Query Lens scores of ONE feature, computed per feature (DESIGN §5).
+
+    value/full: ``s = W_U·LN_f(M_l v) + b_U``; value/first_order: ``s = W_U·LN_f(v + Σ_{k>l}(J̄_A^k + J̄_M^k) v)``;
+    key: ``s_t = ⟨N_lᵀ k, (e_t − c)/‖e_t − c‖⟩`` with c the mean embedding of the valid corpus tokens.
+    LN_f is ``model.ln_final`` applied to the direction itself (not linearised). ``clean`` may pass the clean
+    residual stream of ``tokens`` (:func:`clean_stream`) so a loop over features does not recompute it.
+    """
+    view = as_key_value(dictionary, model)
+    (index,) = view.feature_ids([feature]).tolist()
+    mask = _valid(tokens, skip_positions).to(model.cfg.device)
+    with torch.no_grad():
+        stream = [x.detach() for x in (clean if clean is not None else clean_stream(model, tokens))]
+        if side == "value":
+            v = view.values[index].to(model.cfg.dtype)
+            direction = value_direction(model, stream, view.value_hook, v, mask, method)
+            scores = _final_norm(model, direction) @ model.W_U
+            return scores + model.b_U if method == "full" else scores
+        if side != "key":
+            raise ValueError(f"side must be 'value' or 'key', not {side!r}.")
+        g = key_gradient(model, stream, view.read_hook, view.keys[index].to(model.cfg.dtype), mask)
+        W_E = model.W_E
+        c = W_E[tokens[:, skip_positions:].reshape(-1)].mean(0)
+        centred = W_E - c
+        return (centred / centred.norm(dim=-1, keepdim=True)) @ g
