@@ -1,0 +1,352 @@
+"""The evaluation protocol of the Query Lens paper's Table 1: input and output scores of token signatures (DESIGN §5).
+
+Input score I(T): share of a feature's max-activating tokens (top token of each of its N most-activating corpus
+contexts) whose normalised string is in T. Output score O(T) = |S ∩ T| / |S|, S = the 25 tokens whose rank percentile
+rises most, on average over positions, when the feature is clamped to α on prompt and generated positions of neutral
+prompts (α set by bisection so that KL(clean ‖ steered) hits a target). Any method's top-k ids can be scored; the
+ZO and TC baselines are computed here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float, Int
+from tqdm import tqdm
+from transformer_lens import HookedTransformer
+
+from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.query_lens.max_activating import (
+    MaxActivations,
+    input_scores,
+    max_activating_contexts,
+    output_scores,
+    view_start_layer,
+)
+from tl_query_lens.query_lens.steering import (
+    NEUTRAL_PROMPTS,
+    TeacherForced,
+    clamp_hooks,
+    clamp_signatures,
+    kl_per_row,
+    rank_percentiles,
+    sample_continuations,
+    zero_ablation_signatures,
+)
+from tl_query_lens.results import SavableResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvaluationConfig:
+    """Settings of the Table-1 protocol (defaults = the paper's where it states them).
+
+    Attributes:
+        n_contexts: N max-activating contexts per feature (paper: ≥ 20).
+        kl_targets: KL(clean ‖ steered) targets in nats, averaged over positions (paper: 0.25 and 0.5).
+        n_generate: tokens generated after each neutral prompt (paper: 20).
+        temperature: sampling temperature (paper: 0.75).
+        seed: seed of every sampling step.
+        prompts: neutral prefixes.
+        n_steps: bisection steps of the α search after bracketing.
+        n_steered: |S|, tokens kept from the steering rank-percentile rise (paper: 25).
+        baselines: baselines computed here and scored like the given methods ("ZO", "TC").
+        tc_values: clamp values of the TC baseline.
+    """
+
+    n_contexts: int = 20
+    kl_targets: tuple[float, ...] = (0.25, 0.5)
+    n_generate: int = 20
+    temperature: float = 0.75
+    seed: int = 0
+    prompts: tuple[str, ...] = NEUTRAL_PROMPTS[:4]
+    n_steps: int = 8
+    n_steered: int = 25
+    baselines: tuple[str, ...] = ("ZO", "TC")
+    tc_values: tuple[float, ...] = (1.0, 5.0, 10.0)
+
+    def __post_init__(self) -> None:
+        self.kl_targets, self.prompts = tuple(self.kl_targets), tuple(self.prompts)
+        self.baselines, self.tc_values = tuple(self.baselines), tuple(self.tc_values)
+        if self.n_contexts < 1 or self.n_generate < 1 or self.n_steps < 1 or self.n_steered < 1:
+            raise ValueError("n_contexts, n_generate, n_steps and n_steered must all be ≥ 1.")
+        if not self.kl_targets or min(self.kl_targets) <= 0:
+            raise ValueError(f"kl_targets must be positive nats, e.g. (0.25, 0.5); got {self.kl_targets}.")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+        if not self.prompts:
+            raise ValueError("Give at least one neutral prompt.")
+        unknown = set(self.baselines) - {"ZO", "TC"}
+        if unknown:
+            raise ValueError(f"Unknown baselines {sorted(unknown)}; choose from 'ZO' and 'TC'.")
+        if self.n_contexts < 20:
+            logger.warning("n_contexts=%d is below the paper's N ≥ 20.", self.n_contexts)
+
+
+@dataclass
+class SignatureEvaluation(SavableResult):
+    """Per-feature input / output scores of every method (fractions in [0, 1]).
+
+    Attributes:
+        methods: method names, the row order of the score tensors.
+        features: ``[n]`` feature ids. layers: ``[n]`` layer of each feature's dictionary read hook.
+        kl_targets: KL targets (nats), the order of the target axis.
+        input_scores: ``[n_methods, n]``.
+        output_scores: ``[n_methods, n_targets, n]``.
+        alphas: ``[n_targets, n]`` clamp values found by the search.
+        search_kl: ``[n_targets, n]`` KL at α on the clean continuations used by the search.
+        achieved_kl: ``[n_targets, n]`` KL at α on the steered generations the output score is measured on.
+        steered_top: ``[n_targets, n, n_steered]`` the steering top tokens S.
+        signature_ids: ``[n_methods, n, k]`` the scored token sets T (rows padded with -1 if methods differ in k).
+        config: the protocol settings.
+    """
+
+    methods: list[str]
+    features: Int[torch.Tensor, " n"]
+    layers: Int[torch.Tensor, " n"]
+    kl_targets: list[float]
+    input_scores: Float[torch.Tensor, "n_methods n"]
+    output_scores: Float[torch.Tensor, "n_methods n_targets n"]
+    alphas: Float[torch.Tensor, "n_targets n"]
+    search_kl: Float[torch.Tensor, "n_targets n"]
+    achieved_kl: Float[torch.Tensor, "n_targets n"]
+    steered_top: Int[torch.Tensor, "n_targets n n_steered"]
+    signature_ids: Int[torch.Tensor, "n_methods n k"]
+    config: dict = field(default_factory=dict)
+
+    @classmethod
+    def concat(cls, results: Sequence[SignatureEvaluation]) -> SignatureEvaluation:
+        """Join evaluations of different dictionaries (same methods and targets) along the feature axis."""
+        first = results[0]
+        for r in results[1:]:
+            if r.methods != first.methods or list(r.kl_targets) != list(first.kl_targets):
+                raise ValueError("Only evaluations with the same methods and KL targets can be joined.")
+        cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)  # noqa: E731
+        return cls(first.methods, cat("features", 0), cat("layers", 0), list(first.kl_targets),
+                   cat("input_scores", 1), cat("output_scores", 2), cat("alphas", 1), cat("search_kl", 1),
+                   cat("achieved_kl", 1), cat("steered_top", 1), cat("signature_ids", 1), dict(first.config))
+
+    def summary(self, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
+        """Mean scores in percent with percentile-bootstrap 95% CIs over features, one row per method."""
+        gen = torch.Generator().manual_seed(seed)
+        n = self.features.numel()
+        idx = torch.randint(0, n, (n_boot, n), generator=gen)
+        rows = []
+        for m, name in enumerate(self.methods):
+            row = {"method": name, "n_features": n, **_mean_ci("input", self.input_scores[m], idx)}
+            for t, target in enumerate(self.kl_targets):
+                row.update(_mean_ci(f"output@{target:g}", self.output_scores[m, t], idx))
+            rows.append(row)
+        return rows
+
+
+def _mean_ci(name: str, scores: torch.Tensor, idx: torch.Tensor) -> dict[str, float]:
+    boot = scores.double()[idx].mean(1)
+    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.double)).tolist()
+    return {f"{name}": 100 * scores.double().mean().item(), f"{name}_lo": 100 * lo, f"{name}_hi": 100 * hi}
+
+
+@torch.no_grad()
+def kl_matched_alphas(
+    model: HookedTransformer,
+    dictionary,
+    features: Int[torch.Tensor, " n"],
+    sequences: Sequence[Int[torch.Tensor, " pos"]],
+    kl_targets: Sequence[float],
+    *,
+    init: Float[torch.Tensor, " n"] | None = None,
+    n_steps: int = 8,
+    growth: float = 4.0,
+    max_growth_steps: int = 8,
+) -> tuple[Float[torch.Tensor, "n_targets n"], Float[torch.Tensor, "n_targets n"]]:
+    """Clamp values α ≥ 0 with KL(clean ‖ steered) ≈ target, all features and targets in one batch (DESIGN §5).
+
+    KL is averaged over positions of the teacher-forced ``sequences`` and then over sequences. The bracket [0, hi]
+    grows hi by ``growth`` (from ``init``, e.g. the max corpus activation) until KL(hi) ≥ target, then ``n_steps``
+    bisection steps follow; the α whose KL is closest to the target (in log ratio) among all evaluated is returned.
+
+    Returns:
+        (alphas, kls), both ``[n_targets, n]``.
+    """
+    view = as_key_value(dictionary, model)
+    start = view_start_layer(view)
+    runs = [TeacherForced(model, s[None], start) for s in sequences]
+    n, n_t = len(features), len(kl_targets)
+    feats = features.repeat(n_t)
+    target = torch.tensor(list(kl_targets), dtype=torch.float32).repeat_interleave(n)
+
+    def kl_at(rows: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(len(rows))
+        for run in runs:
+            steered = run.steered_logprobs(view, feats[rows], alpha, torch.zeros(len(rows), dtype=torch.long))
+            total += kl_per_row(run.logprobs, steered).cpu()
+        return total / len(runs)
+
+    best_alpha, best_err = torch.zeros(n * n_t), torch.full((n * n_t,), float("inf"))
+    best_kl = torch.full((n * n_t,), float("nan"))
+
+    def record(rows: torch.Tensor, alpha: torch.Tensor, kl: torch.Tensor) -> None:
+        err = (kl.clamp_min(1e-12) / target[rows]).log().abs()
+        better = err < best_err[rows]
+        best_err[rows[better]], best_alpha[rows[better]], best_kl[rows[better]] = err[better], alpha[better], kl[better]
+
+    init = torch.ones(n) if init is None else init.float().abs().clamp_min(1e-3)
+    lo, hi = torch.zeros(n * n_t), init.repeat(n_t).clone()
+    todo = torch.arange(n * n_t)
+    for _ in range(max_growth_steps):
+        kl = kl_at(todo, hi[todo])
+        record(todo, hi[todo], kl)
+        low = kl < target[todo]
+        lo[todo[low]] = hi[todo[low]]
+        todo = todo[low]
+        if not len(todo):
+            break
+        hi[todo] *= growth
+    if len(todo):
+        logger.warning("%d (feature, target) pairs never reached their KL target; α capped at %s", len(todo),
+                       hi[todo].tolist()[:5])
+    rows = torch.arange(n * n_t)
+    for _ in tqdm(range(n_steps), desc="α bisection", leave=False):
+        mid = (lo + hi) / 2
+        kl = kl_at(rows, mid)
+        record(rows, mid, kl)
+        below = kl < target
+        lo = torch.where(below, mid, lo)
+        hi = torch.where(below, hi, mid)
+    return best_alpha.reshape(n_t, n), best_kl.reshape(n_t, n)
+
+
+@torch.no_grad()
+def steering_top_tokens(
+    model: HookedTransformer,
+    dictionary,
+    features: Int[torch.Tensor, " n"],
+    alphas: Float[torch.Tensor, " n"],
+    prompts: Sequence[Int[torch.Tensor, " pos"]],
+    *,
+    n_generate: int = 20,
+    temperature: float = 0.75,
+    seed: int = 0,
+    n_steered: int = 25,
+) -> tuple[Int[torch.Tensor, "n n_steered"], Float[torch.Tensor, " n"]]:
+    """S: the tokens whose rank percentile rises most under steering, and the KL reached on the steered text.
+
+    Each prompt is continued by sampling with feature i clamped to α_i on prompt and generated positions; the rise is
+    pct_steered − pct_clean, both teacher-forced on those same tokens, averaged over positions and prompts.
+    """
+    view = as_key_value(dictionary, model)
+    start = view_start_layer(view)
+    n = len(features)
+    rise = torch.zeros(n, model.cfg.d_vocab)
+    kl = torch.zeros(n)
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.arange(n)
+    for prompt in prompts:
+        hooks = clamp_hooks(view, features, alphas)
+        text = sample_continuations(model, prompt, n, n_generate=n_generate, temperature=temperature,
+                                    generator=gen, hooks=hooks)
+        run = TeacherForced(model, text, start)
+        steered = run.steered_logprobs(view, features, alphas, rows)
+        kl += kl_per_row(run.logprobs, steered).cpu()
+        for i in range(n):  # per feature: bounds the [pos, d_vocab] rank tensors
+            rise[i] += (rank_percentiles(steered[i]) - rank_percentiles(run.logprobs[i])).mean(0).cpu()
+    return rise.topk(n_steered, dim=-1).indices, kl / len(prompts)
+
+
+def evaluate_signatures(
+    model: HookedTransformer,
+    dictionary,
+    tokens: Int[torch.Tensor, "batch pos"],
+    methods: Mapping[str, Int[torch.Tensor, "n k"]],
+    features: Sequence[int] | torch.Tensor,
+    *,
+    contexts: MaxActivations | None = None,
+    tokenizer=None,
+    prompt_tokens: Sequence[torch.Tensor] | None = None,
+    **options,
+) -> SignatureEvaluation:
+    """Table-1 input and output scores of token signatures of one dictionary's features (DESIGN §5).
+
+    Args:
+        model: the model the dictionary belongs to.
+        dictionary: anything :func:`tl_query_lens.as_key_value` accepts.
+        tokens: corpus searched for max-activating contexts (each row is one context).
+        methods: name → ``[n_features, k]`` top token ids of the features, in ``features`` order (any method).
+        features: feature ids.
+        contexts: max-activating contexts computed earlier (else computed and cached per dictionary and corpus).
+        tokenizer: decodes ids for the input score (default ``model.tokenizer``).
+        prompt_tokens: neutral prompts as token ids (default: ``cfg.prompts`` tokenised by the model).
+        **options: :class:`EvaluationConfig` fields (n_contexts, kl_targets, n_generate, temperature, seed, ...).
+    """
+    cfg = EvaluationConfig(**options)
+    view = as_key_value(dictionary, model)
+    features = view.feature_ids(features)
+    methods = _check_methods(methods, len(features), model.cfg.d_vocab)
+    if contexts is None:
+        contexts = max_activating_contexts(model, view, tokens, n_contexts=cfg.n_contexts)
+    tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+    if tokenizer is None:
+        raise ValueError("The input score compares token strings: pass tokenizer= (the model has none attached).")
+    if prompt_tokens is None:
+        prompt_tokens = [model.to_tokens(p, prepend_bos=model.cfg.default_prepend_bos)[0] for p in cfg.prompts]
+    prompts = [torch.as_tensor(p).reshape(-1).cpu() for p in prompt_tokens]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    clean_text = [sample_continuations(model, p, 1, n_generate=cfg.n_generate, temperature=cfg.temperature,
+                                       generator=gen)[0].cpu() for p in prompts]
+    if "ZO" in cfg.baselines:
+        methods["ZO"] = zero_ablation_signatures(model, view, features, contexts, tokens, k=_k(methods))
+    if "TC" in cfg.baselines:
+        methods["TC"] = clamp_signatures(model, view, features, clean_text, values=cfg.tc_values, k=_k(methods))
+    logger.info("layer %s: α search for %d features, targets %s", view.layer, len(features), cfg.kl_targets)
+    alphas, search_kl = kl_matched_alphas(model, view, features, clean_text, cfg.kl_targets,
+                                          init=contexts.activation[features, 0], n_steps=cfg.n_steps)
+    steered, achieved = [], []
+    for t in range(len(cfg.kl_targets)):
+        top, kl = steering_top_tokens(model, view, features, alphas[t], prompts, n_generate=cfg.n_generate,
+                                      temperature=cfg.temperature, seed=cfg.seed + 1 + t, n_steered=cfg.n_steered)
+        steered.append(top)
+        achieved.append(kl)
+    names = list(methods)
+    top_tokens = contexts.token[features]
+    return SignatureEvaluation(
+        methods=names,
+        features=features,
+        layers=torch.full_like(features, view.layer if view.layer is not None else -1),
+        kl_targets=list(cfg.kl_targets),
+        input_scores=torch.stack([input_scores(tokenizer, top_tokens, methods[m]) for m in names]),
+        output_scores=torch.stack([torch.stack([output_scores(s, methods[m]) for s in steered]) for m in names]),
+        alphas=alphas,
+        search_kl=search_kl,
+        achieved_kl=torch.stack(achieved),
+        steered_top=torch.stack(steered),
+        signature_ids=_pad_stack([methods[m] for m in names]),
+        config={**cfg.__dict__, "corpus_fingerprint": contexts.corpus_fingerprint, "read_hook": view.read_hook},
+    )
+
+
+def _pad_stack(ids: list[torch.Tensor]) -> torch.Tensor:
+    k = max(t.shape[1] for t in ids)
+    return torch.stack([torch.nn.functional.pad(t, (0, k - t.shape[1]), value=-1) for t in ids])
+
+
+def _k(methods: Mapping[str, torch.Tensor]) -> int:
+    return max((ids.shape[1] for ids in methods.values()), default=25)
+
+
+def _check_methods(methods: Mapping[str, torch.Tensor], n: int, d_vocab: int) -> dict[str, torch.Tensor]:
+    checked = {}
+    for name, ids in methods.items():
+        ids = torch.as_tensor(ids)
+        if ids.ndim != 2 or ids.shape[0] != n or ids.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(
+                f"Method {name!r}: expected a [n_features={n}, k] integer tensor of token ids (e.g. sig.top_ids), "
+                f"got {tuple(ids.shape)} {ids.dtype}."
+            )
+        if ids.numel() and (ids.min() < 0 or ids.max() >= d_vocab):
+            raise ValueError(f"Method {name!r} has token ids outside 0..{d_vocab - 1}; wrong tokenizer?")
+        checked[name] = ids.long().cpu()
+    return checked
