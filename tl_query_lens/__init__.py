@@ -4,6 +4,7 @@ from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries import FFKV, FFKVSAE, FFKVSAEConfig, KeyValueView, as_key_value
 from tl_query_lens.models import load_model
 from tl_query_lens.query_lens import QueryLens, query_lens_reference
+from tl_query_lens.readout import ReadoutSAE, ReadoutSAEConfig
 
 __version__ = "0.1.0"
 
@@ -13,6 +14,8 @@ __all__ = [
     "FFKVSAEConfig",
     "KeyValueView",
     "QueryLens",
+    "ReadoutSAE",
+    "ReadoutSAEConfig",
     "as_key_value",
     "load_corpus",
     "load_model",

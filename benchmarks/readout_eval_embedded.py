@@ -1,0 +1,48 @@
+"""Diagnostics of the cached embedded readout SAE beside the row-geometry baselines (docs/readout.md table).
+
+Run: OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/readout_eval_embedded.py [--baselines a,b,...]
+Held-out states: the embedded corpus' evaluation split, logit lens at the default hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from sae_lens import SAE
+
+from tl_query_lens import load_corpus, load_model
+from tl_query_lens.readout import baselines as bl
+from tl_query_lens.readout import collect_states
+from tl_query_lens.readout.evaluate import evaluate_readout
+from tl_query_lens.tracking import Tracker
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sae-id", default="cpu")
+    parser.add_argument("--n-seqs", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=17)
+    parser.add_argument("--baselines", default=",".join(bl.BASELINE_ORDER))
+    parser.add_argument("--out", default="results/readout/eval")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    model = load_model("smollm2-135m", device="cpu")
+    sae = SAE.from_pretrained("tlql-readout-smollm2-135m", args.sae_id)
+    tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=1)
+    states = collect_states(model, tokens)
+    with Tracker(args.out, name="readout-eval", config=vars(args)) as tracker:
+        report = evaluate_readout(sae, model, states, baselines=[b for b in args.baselines.split(",") if b],
+                                  tracker=tracker)
+        report.save(args.out)
+    cols, rows = report.table()
+    print(json.dumps({"hooks": states.hooks, "n_states": len(states), "ablation": report.ablation}, indent=1))
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(f"{v:.3f}" if isinstance(v, float) else
+                         (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else str(v)) for v in r))
+
+
+if __name__ == "__main__":
+    main()

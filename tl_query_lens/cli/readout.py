@@ -1,0 +1,149 @@
+"""``tlql readout fit | decompose | eval``: readout SAEs (Sparse Readout Prism, DESIGN §6) from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from tl_query_lens.cli import add_common_args
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("readout", help="readout SAEs: fit, decompose a score, evaluate against baselines")
+    actions = parser.add_subparsers(dest="readout_command", metavar="ACTION", required=True)
+
+    fit = actions.add_parser("fit", help="fit a readout SAE to the model's LM head and cache it")
+    add_common_args(fit, out="results/readout/fit")
+    fit.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="'paper': 32×d, k=256, 20k steps (GPU)")
+    fit.add_argument("--sae-id", default=None, help="name in the release (default: the preset)")
+    fit.add_argument("--width", type=int, default=None)
+    fit.add_argument("--k", type=int, default=None)
+    fit.add_argument("--steps", type=int, default=None)
+    fit.add_argument("--max-seconds", type=float, default=None, help="stop early after this wall time")
+    fit.add_argument("--save", default=None, help="folder to save to (default: the user cache, used by from_pretrained)")
+    fit.set_defaults(func=run_fit)
+
+    dec = actions.add_parser("decompose", help="decompose one score of one prompt into readout features")
+    add_common_args(dec, out="results/readout/decompose")
+    dec.add_argument("prompt", help="text; the state is read at --position")
+    dec.add_argument("--sae-id", default="cpu")
+    dec.add_argument("--sae-path", default=None, help="a saved readout SAE folder instead of the release")
+    dec.add_argument("--hook", default=None, help="residual hook (default: the last block's hook_resid_post)")
+    dec.add_argument("--position", type=int, default=-1)
+    family = dec.add_mutually_exclusive_group()
+    family.add_argument("--token", help="token logit of this token (string)")
+    family.add_argument("--margin", nargs=2, metavar=("POS", "NEG"), help="logit difference POS − NEG")
+    family.add_argument("--group", nargs="+", help="group-mean logit of these tokens")
+    family.add_argument("--vocab-contrast", help="this token's logit minus the vocabulary mean")
+    dec.add_argument("--top", type=int, default=10)
+    dec.set_defaults(func=run_decompose)
+
+    ev = actions.add_parser("eval", help="diagnostics and row-geometry baselines on held-out states")
+    add_common_args(ev, out="results/readout/eval")
+    ev.add_argument("--sae-id", default="cpu")
+    ev.add_argument("--sae-path", default=None)
+    ev.add_argument("--n-seqs", type=int, default=32)
+    ev.add_argument("--seq-len", type=int, default=17)
+    ev.add_argument("--baselines", default=None, help="comma list (default: all, cheapest first); '' for none")
+    ev.set_defaults(func=run_eval)
+
+
+def _load_sae(args):
+    from sae_lens import SAE
+
+    from tl_query_lens.readout.registry import release_name
+
+    if args.sae_path:
+        return SAE.load_from_disk(args.sae_path)
+    return SAE.from_pretrained(release_name(args.model), args.sae_id)
+
+
+def _token_id(model, text: str) -> int:
+    ids = model.to_tokens(text, prepend_bos=False)[0].tolist()
+    if len(ids) != 1:
+        raise SystemExit(f"tlql: {text!r} is {len(ids)} tokens ({ids}); give a single token (mind the leading space).")
+    return ids[0]
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.readout.fit import fit_readout
+    from tl_query_lens.readout.registry import cached_sae_path
+
+    model = load_model(args.model, device=args.device)
+    overrides = {k: getattr(args, k) for k in ("width", "k", "steps", "max_seconds") if getattr(args, k) is not None}
+    tokens = load_corpus(args.corpus, model, n_seqs=32, seq_len=32, split="train", seed=args.seed)
+    fit = fit_readout(model, tokens, preset=args.preset, out_dir=args.out, use_wandb=args.wandb,
+                      wandb_project=args.wandb_project, seed=args.seed, **overrides)
+    target = Path(args.save) if args.save else cached_sae_path(args.model, args.sae_id or args.preset)
+    fit.sae.save_model(target)
+    print(f"Readout SAE saved to {target} ({fit.seconds:.0f} s): " + json.dumps(fit.final))
+    return 0
+
+
+def run_decompose(args: argparse.Namespace) -> int:
+    import torch
+
+    from tl_query_lens import load_model
+    from tl_query_lens.readout import decompose, group_mean, margin, token_logit, top1_vs_competitor
+    from tl_query_lens.readout import vocab_mean_contrast
+    from tl_query_lens.readout.states import logit_lens
+
+    model = load_model(args.model, device=args.device)
+    sae = _load_sae(args)
+    hook = args.hook or f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(args.prompt, names_filter=[hook])
+        h = logit_lens(model)(cache[hook][0, args.position]).float()
+    V = model.cfg.d_vocab
+    if args.token:
+        alpha, what = token_logit(_token_id(model, args.token), V), f"logit {args.token!r}"
+    elif args.margin:
+        alpha, what = margin(_token_id(model, args.margin[0]), _token_id(model, args.margin[1]), V), \
+            f"margin {args.margin[0]!r} − {args.margin[1]!r}"
+    elif args.group:
+        alpha, what = group_mean([_token_id(model, t) for t in args.group], V), f"group mean {args.group}"
+    elif args.vocab_contrast:
+        alpha, what = vocab_mean_contrast(_token_id(model, args.vocab_contrast), V), \
+            f"{args.vocab_contrast!r} − vocabulary mean"
+    else:
+        alpha, top1, comp = top1_vs_competitor(h, model)
+        what = f"top-1 {model.to_string([top1])!r} − runner-up {model.to_string([comp])!r}"
+    dec = decompose(sae, h, alpha, model=model, n_top=args.top)
+    dec.save(args.out)
+    print(f"{what} at {hook}[{args.position}]: exact {dec.exact.item():.4f} = bias {dec.bias.item():.4f} "
+          f"+ Σc {dec.contributions.sum().item():.4f} + residual {dec.residual.item():.4f}")
+    for row in dec.top_features:
+        print(f"  feature {row['feature']:>6}  c = {row['contribution']:+.4f}  (β {row['beta']:+.3f}, "
+              f"p {row['projection']:+.3f})  {row['label']}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.readout import baselines as bl
+    from tl_query_lens.readout import collect_states
+    from tl_query_lens.readout.evaluate import evaluate_readout
+    from tl_query_lens.tracking import Tracker
+
+    model = load_model(args.model, device=args.device)
+    sae = _load_sae(args)
+    tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation",
+                         seed=args.seed)
+    states = collect_states(model, tokens)
+    names = bl.BASELINE_ORDER if args.baselines is None else [b for b in args.baselines.split(",") if b]
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    with Tracker(args.out, project=args.wandb_project, name="readout-eval", config=config,
+                 use_wandb=args.wandb) as tracker:
+        report = evaluate_readout(sae, model, states, baselines=names, tracker=tracker)
+        report.save(args.out)
+    cols, rows = report.table()
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r))
+    print("ablation: " + json.dumps(report.ablation))
+    return 0

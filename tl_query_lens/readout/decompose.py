@@ -1,0 +1,222 @@
+"""Exact decomposition of a selected readout score into readout features (DESIGN §6, Sparse Readout Prism).
+
+For a direction q_α = Σ_t α_t w_t and a decoded state h,
+
+    s = h·q_α = (Σα) h·μ  +  Σ_i β_i p_i  +  h·Σ_t α_t r_t,     β_i = Σ_t α_t z_{t,i},  p_i = h·d_i,
+
+with c_i = β_i p_i the signed contribution of feature i (logit units). The bias term vanishes for contrasts
+(Σα = 0). The residual is computed from the rows' own residuals r_t = w_t − μ − Σ_i z_{t,i} d_i, not as a
+difference with the exact score, so ``bias + Σc + residual = exact`` is a check on the bookkeeping.
+Helpers build α for each score family: token logit, margin (+1/−1), group mean, vocabulary-mean contrast,
+top-1 vs competitor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float
+
+from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
+from tl_query_lens.readout.states import check_state
+from tl_query_lens.results import SavableResult
+
+
+@dataclass
+class Decomposition(SavableResult):
+    """s_exact = bias + Σ_i contributions_i + residual, for one α and one or more decoded states.
+
+    Attributes:
+        exact: h·q_α (dense head, no b_U).
+        bias: (Σα) h·μ.
+        contributions: c_i = β_i p_i, one row per state.
+        residual: h·Σ α_t r_t.
+        beta: β_i(α) (row side, shared by all states).
+        projections: p_i = h·d_i.
+        alpha_sum: Σα (0 for contrasts).
+        top_features: for a single state, the features with the largest |c_i| and their labels.
+    """
+
+    exact: Float[torch.Tensor, " n"]
+    bias: Float[torch.Tensor, " n"]
+    contributions: Float[torch.Tensor, "n d_sae"]
+    residual: Float[torch.Tensor, " n"]
+    beta: Float[torch.Tensor, " d_sae"]
+    projections: Float[torch.Tensor, "n d_sae"]
+    alpha_sum: float
+    top_features: list[dict] = field(default_factory=list)
+
+    @property
+    def reconstructed(self) -> torch.Tensor:
+        """s_recon = bias + Σ c_i (the score of the reconstructed head)."""
+        return self.bias + self.contributions.sum(-1)
+
+    @property
+    def rho(self) -> torch.Tensor:
+        """ρ_0 = |ε| / |s_exact| (see :func:`tl_query_lens.readout.diagnostics.rho` for ρ_δ)."""
+        return self.residual.abs() / self.exact.abs()
+
+    def top(self, n: int = 10, index: int = 0) -> list[tuple[int, float]]:
+        """The ``n`` (feature, c_i) pairs with the largest |c_i| for state ``index``."""
+        c = self.contributions[index]
+        idx = c.abs().topk(min(n, c.numel())).indices
+        return [(int(i), float(c[i])) for i in idx]
+
+
+def _rows_for(sae: ReadoutSAE, model) -> torch.Tensor:
+    if model is None:
+        rows = getattr(sae, "_bound_rows", None)
+        if rows is None:
+            raise ValueError("decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
+                             "to), or call bind(sae, model) once.")
+        return rows
+    if isinstance(model, torch.Tensor):
+        if model.shape != (sae.cfg.d_vocab, sae.cfg.d_in):
+            raise ValueError(f"Rows of shape {tuple(model.shape)} do not match the readout SAE "
+                             f"({sae.cfg.d_vocab} × {sae.cfg.d_in}).")
+        return model
+    check_compatible(sae, model)
+    return unembedding_rows(model)
+
+
+def bind(sae: ReadoutSAE, model) -> ReadoutSAE:
+    """Check ``sae`` against ``model`` and remember its LM-head rows so ``decompose`` needs no ``model=``."""
+    check_compatible(sae, model)
+    sae._bound_rows = unembedding_rows(model).to(sae.W_dec.device)
+    return sae
+
+
+def check_alpha(alpha: torch.Tensor, d_vocab: int) -> torch.Tensor:
+    if not isinstance(alpha, torch.Tensor):
+        raise TypeError(f"alpha must be a dense torch.Tensor over the vocabulary, got {type(alpha).__name__}; build "
+                        f"one with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor.")
+    if alpha.ndim != 1 or alpha.shape[0] != d_vocab:
+        raise ValueError(f"alpha must have shape ({d_vocab},) (one coefficient per vocabulary row), got "
+                         f"{tuple(alpha.shape)}.")
+    if not torch.isfinite(alpha).all():
+        raise ValueError("alpha contains NaN or inf.")
+    return alpha
+
+
+@torch.no_grad()
+def decompose(
+    sae: ReadoutSAE,
+    h: Float[torch.Tensor, "... d_model"],
+    alpha: Float[torch.Tensor, " d_vocab"],
+    *,
+    model=None,
+    n_top: int = 10,
+    n_label: int = 6,
+    dtype: torch.dtype = torch.float64,
+) -> Decomposition:
+    """Decompose s = h·q_α into bias, per-feature contributions and residual (DESIGN §6).
+
+    Args:
+        sae: a fitted :class:`ReadoutSAE`.
+        h: decoded state(s) h̃ ([d_model] or [n, d_model]), e.g. ``LN_f(resid)`` or a fitted lens' output.
+        alpha: dense coefficients over the vocabulary (see the family helpers in this module).
+        model: the model (checked against the dictionary) or its LM-head rows [d_vocab, d_model]; optional after
+            :func:`bind`. The model's tokenizer, when present, labels the top features.
+        n_top: features listed in ``top_features`` (single state only).
+        n_label: top unembedding rows per feature label.
+        dtype: accumulation dtype (float64 keeps the identity at ~1e-12 relative).
+    """
+    rows = _rows_for(sae, model)
+    h = check_state(h, sae.cfg.d_in)
+    alpha = check_alpha(alpha, sae.cfg.d_vocab).to(rows.device)
+    single = h.ndim == 1
+    h2 = h.reshape(-1, h.shape[-1]).to(rows.device, dtype)
+    nz = alpha.nonzero().squeeze(-1)
+    a = alpha[nz].to(dtype)
+    w = rows[nz].to(dtype)
+    mu = sae.b_dec.detach().to(rows.device, dtype)
+    D = sae.W_dec.detach().to(rows.device, dtype)
+    idx, val = sae.row_codes(nz)
+    val = val.to(dtype)
+    z_rows = torch.einsum("nk,nkd->nd", val, D[idx])  # Σ_i z_{t,i} d_i per row
+    r_alpha = (a[:, None] * (w - mu - z_rows)).sum(0)  # Σ α_t r_t
+    beta = torch.zeros(sae.cfg.d_sae, dtype=dtype, device=rows.device).index_add_(
+        0, idx.reshape(-1), (a[:, None] * val).reshape(-1))
+    proj = h2 @ D.T
+    alpha_sum = float(a.sum())
+    result = Decomposition(
+        exact=h2 @ (a @ w), bias=alpha_sum * (h2 @ mu), contributions=proj * beta, residual=h2 @ r_alpha,
+        beta=beta, projections=proj, alpha_sum=alpha_sum)
+    if single:
+        tokenizer = getattr(model, "tokenizer", None) if model is not None and not isinstance(model, torch.Tensor) else None
+        labels = feature_labels(sae, [i for i, _ in result.top(n_top)], n=n_label, tokenizer=tokenizer)
+        result.top_features = [
+            {"feature": i, "contribution": c, "beta": float(beta[i]), "projection": float(proj[0, i]),
+             "label": labels[i]} for i, c in result.top(n_top)]
+    return result
+
+
+@torch.no_grad()
+def feature_top_rows(sae: ReadoutSAE, feature: int, n: int = 6) -> list[int]:
+    """Token ids of the vocabulary rows with the largest code z_{t,i} on ``feature``."""
+    if not 0 <= feature < sae.cfg.d_sae:
+        raise IndexError(f"Feature {feature} is out of range 0..{sae.cfg.d_sae - 1}.")
+    rows, slots = (sae.code_indices == feature).nonzero(as_tuple=True)
+    vals = sae.code_values[rows, slots]
+    order = vals.argsort(descending=True)[:n]
+    return rows[order].tolist()
+
+
+def feature_labels(sae: ReadoutSAE, features: Sequence[int], *, n: int = 6, tokenizer=None) -> dict[int, str]:
+    """Label = the feature's top unembedding rows, decoded with ``tokenizer`` when given (else token ids)."""
+    out = {}
+    for f in features:
+        ids = feature_top_rows(sae, int(f), n)
+        out[int(f)] = " | ".join(repr(tokenizer.decode([t])) for t in ids) if tokenizer is not None else str(ids)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- score families
+def _one_hot(tokens: Sequence[int] | torch.Tensor, d_vocab: int, weight: float = 1.0) -> torch.Tensor:
+    tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    if tokens.numel() == 0:
+        raise ValueError("A score family needs at least one token.")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab:
+        raise IndexError(f"Token ids must be in 0..{d_vocab - 1}.")
+    return torch.zeros(d_vocab).index_add_(0, tokens, torch.full((tokens.numel(),), weight))
+
+
+def token_logit(token: int, d_vocab: int) -> torch.Tensor:
+    """α = e_t: the logit of one token."""
+    return _one_hot([token], d_vocab)
+
+
+def margin(positive: int | Sequence[int], negative: int | Sequence[int], d_vocab: int) -> torch.Tensor:
+    """α = +1 on ``positive``, −1 on ``negative`` (group means when lists are given): a logit difference."""
+    pos = torch.as_tensor(positive).reshape(-1)
+    neg = torch.as_tensor(negative).reshape(-1)
+    return _one_hot(pos, d_vocab, 1.0 / pos.numel()) - _one_hot(neg, d_vocab, 1.0 / neg.numel())
+
+
+def group_mean(tokens: Sequence[int], d_vocab: int) -> torch.Tensor:
+    """α = 1/|G| on a token group: the group's mean logit."""
+    tokens = torch.as_tensor(tokens).reshape(-1)
+    return _one_hot(tokens, d_vocab, 1.0 / tokens.numel())
+
+
+def vocab_mean_contrast(token: int, d_vocab: int) -> torch.Tensor:
+    """α = e_t − 1/|V|: a token's logit against the vocabulary mean."""
+    return token_logit(token, d_vocab) - 1.0 / d_vocab
+
+
+@torch.no_grad()
+def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) -> tuple[torch.Tensor, int, int]:
+    """α = e_top1 − e_competitor for state h under the dense head; the competitor defaults to the runner-up.
+
+    Returns ``(alpha, top1, competitor)``.
+    """
+    logits = check_state(h, model.cfg.d_model).reshape(-1).float() @ model.W_U.float() + model.b_U.float()
+    top2 = logits.topk(2).indices.tolist()
+    top1 = top2[0]
+    if competitor is None:
+        competitor = top2[1]
+    if competitor == top1:
+        raise ValueError(f"The competitor {competitor} is the top-1 token itself; choose another token.")
+    return margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor)

@@ -1,0 +1,198 @@
+"""The readout SAE: a TopK dictionary of the LM head's rows, as an SAELens SAE (DESIGN §6, Sparse Readout Prism).
+
+Rows w_t of the unembedding (columns of TL's ``W_U``) are centred and normalised, μ = mean row, a_t = ‖w_t − μ‖,
+x_t = (w_t − μ)/a_t, and a TopK SAE with unit-norm decoder rows d_i and no decoder bias is fitted to the x_t.
+In row space every token's row is then exactly
+
+    w_t = μ + Σ_i z_{t,i} d_i + r_t,   z_t = a_t · TopK_k(ReLU(x_t W_enc + b_enc)).
+
+As an SAELens SAE the input is a row w (d_in = d_model): ``encode(w)`` returns the row-space code z (a_t folded in)
+and ``decode(z) = z W_dec + b_dec`` with ``b_dec = μ``, so ``decode(encode(w_t))`` reconstructs w_t. The paper's
+"no decoder bias" refers to the normalised space; in row space the only shift is the shared bias μ.
+The fitted codes of every vocabulary row are stored (``code_indices``/``code_values``, [d_vocab, k]) together with
+the row norms a_t, so a saved dictionary decomposes scores without re-encoding.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from sae_lens import SAE, SAEConfig, register_sae_class
+from sae_lens.registry import SAE_CLASS_REGISTRY
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadoutSAEConfig(SAEConfig):
+    """Config of a readout SAE (``d_in`` = d_model, ``d_sae`` = width).
+
+    Attributes:
+        d_vocab: number of unembedding rows the dictionary was fitted to.
+        k: TopK budget per row.
+    """
+
+    d_vocab: int = 0
+    k: int = 64
+    apply_b_dec_to_input: bool = True
+
+    @classmethod
+    def architecture(cls) -> str:
+        return "readout"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.d_vocab <= 0:
+            raise ValueError("ReadoutSAEConfig.d_vocab must be the model's vocabulary size (rows of the LM head).")
+        if not 0 < self.k <= self.d_sae:
+            raise ValueError(f"k must be in 1..d_sae={self.d_sae}, got {self.k}.")
+        if not self.apply_b_dec_to_input:
+            raise ValueError("A readout SAE subtracts the row mean μ (= b_dec) from its input: keep apply_b_dec_to_input.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return super().to_dict()
+
+
+class ReadoutSAE(SAE[ReadoutSAEConfig]):
+    """Readout SAE; see the module docstring. Build one with :meth:`fit`, load one with ``SAE.load_from_disk``."""
+
+    W_enc: nn.Parameter
+    b_enc: nn.Parameter
+    W_dec: nn.Parameter
+    b_dec: nn.Parameter
+    row_norms: torch.Tensor
+    code_indices: torch.Tensor
+    code_values: torch.Tensor
+
+    def initialize_weights(self) -> None:
+        cfg, kw = self.cfg, {"dtype": self.dtype, "device": self.device}
+        self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, **kw))
+        self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **kw))
+        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, **kw))
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, **kw))
+        self.register_buffer("row_norms", torch.ones(cfg.d_vocab, **kw))
+        self.register_buffer("code_indices", torch.zeros(cfg.d_vocab, cfg.k, dtype=torch.int64, device=self.device))
+        self.register_buffer("code_values", torch.zeros(cfg.d_vocab, cfg.k, **kw))
+
+    # ----------------------------------------------------------------------------------------------- SAE interface
+    @property
+    def mu(self) -> Float[torch.Tensor, " d_model"]:
+        """The shared bias μ (mean unembedding row)."""
+        return self.b_dec
+
+    def normalized_codes(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_sae"]:
+        """TopK_k(ReLU(x W_enc + b_enc)) for normalised rows x (the space the SAE is trained in)."""
+        pre = x @ self.W_enc + self.b_enc
+        return topk_relu(pre, self.cfg.k)
+
+    def encode(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_sae"]:
+        """Row-space code z = a·TopK(ReLU(x̄ W_enc + b_enc)) of rows w, x̄ = (w − μ)/a, a = ‖w − μ‖."""
+        centred = self.process_sae_in(x)
+        norms = centred.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(centred.dtype).tiny)
+        codes = self.normalized_codes(centred / norms)
+        return self.hook_sae_acts_post(codes * norms)
+
+    def decode(self, feature_acts: Float[torch.Tensor, "... d_sae"]) -> Float[torch.Tensor, "... d_model"]:
+        """μ + z W_dec: the reconstructed row."""
+        return self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
+        super().process_state_dict_for_loading(state_dict)
+        # SAELens loaders cast every tensor to the config dtype; feature ids are integers (exact below 2**24).
+        if "code_indices" in state_dict:
+            state_dict["code_indices"] = state_dict["code_indices"].round().long()
+
+    # -------------------------------------------------------------------------------------------- stored codes
+    def row_codes(self, tokens: Int[torch.Tensor, " n"] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored sparse codes (indices, values) of the given vocabulary rows (all rows by default)."""
+        if tokens is None:
+            return self.code_indices, self.code_values
+        tokens = self.check_tokens(tokens)
+        return self.code_indices[tokens], self.code_values[tokens]
+
+    def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens, device=self.code_indices.device).long()
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+            raise IndexError(f"Token ids must be in 0..{self.cfg.d_vocab - 1} (this dictionary's vocabulary).")
+        return tokens
+
+    def reconstructed_rows(self, tokens: Int[torch.Tensor, " n"] | None = None) -> Float[torch.Tensor, "n d_model"]:
+        """ŵ_t = μ + Σ_i z_{t,i} d_i from the stored codes."""
+        idx, val = self.row_codes(tokens)
+        return torch.einsum("nk,nkd->nd", val, self.W_dec[idx]) + self.b_dec
+
+    def beta(self, alpha: Float[torch.Tensor, " d_vocab"]) -> Float[torch.Tensor, " d_sae"]:
+        """β_i(α) = Σ_t α_t z_{t,i} (DESIGN §6), from the stored sparse codes; only rows with α_t ≠ 0 are read."""
+        rows = alpha.nonzero().squeeze(-1)
+        idx, val = self.code_indices[rows], self.code_values[rows]
+        weighted = (alpha[rows, None].to(val.dtype) * val).reshape(-1)
+        return torch.zeros(self.cfg.d_sae, dtype=val.dtype, device=val.device).index_add_(0, idx.reshape(-1), weighted)
+
+    @torch.no_grad()
+    def store_codes(self, rows: Float[torch.Tensor, "d_vocab d_model"], *, batch_size: int = 4096) -> None:
+        """(Re)compute μ-centred norms and the sparse codes of every row from the current encoder."""
+        if rows.shape != (self.cfg.d_vocab, self.cfg.d_in):
+            raise ValueError(f"Expected rows of shape {(self.cfg.d_vocab, self.cfg.d_in)}, got {tuple(rows.shape)}.")
+        centred = rows.to(self.W_enc) - self.b_dec
+        norms = centred.norm(dim=-1)
+        self.row_norms.copy_(norms)
+        x = centred / norms.clamp_min(torch.finfo(centred.dtype).tiny)[:, None]
+        for start in range(0, rows.shape[0], batch_size):
+            pre = torch.relu(x[start : start + batch_size] @ self.W_enc + self.b_enc)
+            top = pre.topk(self.cfg.k, dim=-1)
+            self.code_indices[start : start + batch_size] = top.indices
+            self.code_values[start : start + batch_size] = top.values * norms[start : start + batch_size, None]
+
+    # ------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def fit(cls, model, tokens: torch.Tensor | None = None, **kwargs) -> ReadoutSAE:
+        """Fit a readout SAE to ``model``'s unembedding rows; see :func:`tl_query_lens.readout.fit.fit_readout`."""
+        from tl_query_lens.readout.fit import fit_readout
+
+        return fit_readout(model, tokens, **kwargs).sae
+
+    def decompose(self, h, alpha, **kwargs):
+        """Exact score decomposition; see :func:`tl_query_lens.readout.decompose.decompose`."""
+        from tl_query_lens.readout.decompose import decompose
+
+        return decompose(self, h, alpha, **kwargs)
+
+
+def topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
+    """TopK_k(ReLU(pre)) over the last axis (ties broken by torch.topk)."""
+    top = pre.topk(k, dim=-1)
+    return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
+
+
+def unembedding_rows(model) -> Float[torch.Tensor, "d_vocab d_model"]:
+    """The LM head's rows w_t (TL ``W_U`` is [d_model, d_vocab]; final-norm weights folded in by ``fold_ln``)."""
+    return model.W_U.detach().T.float()
+
+
+def check_compatible(sae: ReadoutSAE, model, *, atol: float = 1e-3) -> None:
+    """Raise unless ``sae`` was fitted to ``model``'s unembedding (widths, vocabulary, and row norms a_t agree)."""
+    d_model, d_vocab = model.cfg.d_model, model.cfg.d_vocab
+    if sae.cfg.d_in != d_model:
+        raise ValueError(f"This readout SAE has d_in={sae.cfg.d_in} but the model has d_model={d_model}: it was "
+                         f"fitted to another model; fit one with ReadoutSAE.fit(model) or `tlql readout fit`.")
+    if sae.cfg.d_vocab != d_vocab:
+        raise ValueError(f"Vocabulary mismatch: the readout SAE has {sae.cfg.d_vocab} rows, the model's LM head "
+                         f"{d_vocab}; fit one for this model with ReadoutSAE.fit(model) or `tlql readout fit`.")
+    rows = unembedding_rows(model).to(sae.b_dec)
+    norms = (rows - sae.b_dec).norm(dim=-1)
+    err = (norms - sae.row_norms).abs().max().item()
+    if err > atol * max(1.0, sae.row_norms.abs().max().item()):
+        raise ValueError(f"The model's LM-head rows differ from the ones this readout SAE was fitted to (max row-norm "
+                         f"difference {err:.3g}); load the same model (same fold_ln settings) or refit.")
+
+
+if "readout" not in SAE_CLASS_REGISTRY:
+    register_sae_class("readout", ReadoutSAE, ReadoutSAEConfig)
