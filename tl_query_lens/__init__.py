@@ -1,5 +1,6 @@
 """tl_query_lens: Query Lens, FF-KV, readout SAEs and certification for TransformerLens / SAELens."""
 
+from tl_query_lens.certify import certify, certify_layers, shuffle_ablation
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries import FFKV, FFKVSAE, FFKVSAEConfig, KeyValueView, as_key_value
 from tl_query_lens.models import load_model
@@ -17,7 +18,10 @@ __all__ = [
     "ReadoutSAE",
     "ReadoutSAEConfig",
     "as_key_value",
+    "certify",
+    "certify_layers",
     "load_corpus",
     "load_model",
     "query_lens_reference",
+    "shuffle_ablation",
 ]

@@ -1,0 +1,265 @@
+"""``certify``: a risk certificate for a frozen model through an SAE-induced sparse proxy (DESIGN §7, arXiv 2606.18383).
+
+Protocol: G* = union of TopK supports over a calibration split; on a disjoint evaluation split of N sequences the
+restricted proxy's risk, the reconstruction gap and the pool mismatch, plus three Hoeffding terms, bound the frozen
+model's risk. The schedule of N is prefixes of the evaluation split, so the bound-vs-N curve comes from one pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from sae_lens import SAE
+from transformer_lens import HookedTransformer
+
+from tl_query_lens.certify.bound import (
+    bound_terms,
+    crossing_n,
+    default_schedule,
+    hoeffding_coefficient,
+    log_binomial,
+    loss_range_bits,
+    min_sequences,
+)
+from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
+from tl_query_lens.corpus import check_disjoint
+from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.results import SavableResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Certificate(SavableResult):
+    """A certificate of DESIGN §7 at the full evaluation size N, with its bound-vs-N curve.
+
+    Attributes:
+        R_hat: mean loss of the restricted proxy h_G (bits).
+        eps_hat: mean |ℓ(M) − ℓ(S∘M)| (bits).
+        eta_hat: share of evaluation sequences whose support leaves G*.
+        P: |G*|. m: dictionary size F. N: evaluation sequences.
+        Delta: loss range log₂(1 + (1−α)|V|/α).
+        bound / bound_occam: U and its Occam variant at N.
+        baseline_bits: log₂|V| (the uniform predictor's loss).
+        nontrivial / nontrivial_occam: U < log₂|V|.
+        N_star / N_star_occam: first scheduled N with U < log₂|V| (``*_observed`` True), else the extrapolation
+            (A/(log₂|V| − C))² with C = R̂ + ε̂ + Δη̂ (inf when C ≥ log₂|V|).
+        kl_bits: mean KL(M ‖ S∘M) per position, bits. top1_agreement: share of positions with equal argmax.
+        loss_clean_mean / loss_proxy_mean: mean ℓ(M), ℓ(S∘M) (bits).
+        curve_*: the terms at each scheduled N (prefixes of the evaluation split).
+        loss_clean / loss_proxy / loss_restricted / leaves_pool / kl_per_seq / top1_per_seq: per sequence.
+        pool: G* as a mask over features.
+    """
+
+    R_hat: float
+    eps_hat: float
+    eta_hat: float
+    P: int
+    m: int
+    N: int
+    Delta: float
+    bound: float
+    bound_occam: float
+    baseline_bits: float
+    nontrivial: bool
+    nontrivial_occam: bool
+    N_star: float
+    N_star_observed: bool
+    N_star_occam: float
+    N_star_occam_observed: bool
+    kl_bits: float
+    top1_agreement: float
+    loss_clean_mean: float
+    loss_proxy_mean: float
+    curve_N: list[int]
+    curve_bound: list[float]
+    curve_bound_occam: list[float]
+    curve_R_hat: list[float]
+    curve_eps_hat: list[float]
+    curve_eta_hat: list[float]
+    loss_clean: Float[torch.Tensor, " n_seqs"]
+    loss_proxy: Float[torch.Tensor, " n_seqs"]
+    loss_restricted: Float[torch.Tensor, " n_seqs"]
+    leaves_pool: Bool[torch.Tensor, " n_seqs"]
+    kl_per_seq: Float[torch.Tensor, " n_seqs"]
+    top1_per_seq: Float[torch.Tensor, " n_seqs"]
+    pool: Bool[torch.Tensor, " d_sae"]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("N_star", "N_star_occam"):  # JSON stores inf as a string
+            setattr(self, name, float(getattr(self, name)))
+
+    @property
+    def gap(self) -> Float[torch.Tensor, " n_seqs"]:
+        """Per-sequence reconstruction gap ℓ(S∘M) − ℓ(M), bits (the shuffle ablation's distribution)."""
+        return self.loss_proxy - self.loss_clean
+
+    def summary(self) -> dict[str, float | int | bool]:
+        """The scalar terms (what tables and W&B get)."""
+        keys = ("N", "P", "m", "R_hat", "eps_hat", "eta_hat", "Delta", "bound", "bound_occam", "baseline_bits",
+                "nontrivial", "nontrivial_occam", "N_star", "N_star_observed", "N_star_occam", "N_star_occam_observed",
+                "kl_bits", "top1_agreement", "loss_clean_mean", "loss_proxy_mean")
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass
+class CertifyConfig:
+    """Options of :func:`certify` (validated).
+
+    Attributes:
+        k: TopK size at evaluation. delta: failure probability. alpha: loss smoothing weight.
+        rule: ``"topk"`` or ``"native"`` (see :class:`~tl_query_lens.certify.losses.Splice`).
+        n_schedule: prefix sizes of the evaluation split for the curve (default: geometric from 25 to N).
+        batch_size: sequences per forward pass.
+    """
+
+    k: int = 64
+    delta: float = 0.05
+    alpha: float = 0.5
+    rule: Rule = "topk"
+    n_schedule: list[int] | None = None
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}.")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}.")
+        if self.rule not in ("topk", "native"):
+            raise ValueError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
+        if self.k < 1 or self.batch_size < 1:
+            raise ValueError("k and batch_size must be positive.")
+
+
+def check_inputs(model: HookedTransformer, saes: list[SAE], cal: torch.Tensor, ev: torch.Tensor,
+                 cfg: CertifyConfig) -> None:
+    """Refuse overlapping splits, hooks the model lacks, and N too small for any non-trivial bound."""
+    for sae in saes:
+        as_key_value(sae, model)  # KeyError / ValueError naming the hook or width problem
+    for name, toks in (("calibration", cal), ("evaluation", ev)):
+        if toks.ndim != 2 or toks.shape[0] == 0 or toks.shape[1] < 2:
+            raise ValueError(f"{name} tokens must be [n_seqs >= 1, seq_len >= 2], got shape {tuple(toks.shape)}.")
+    overlap = check_disjoint(ev, cal)
+    if overlap:
+        raise ValueError(
+            f"{overlap} of {ev.shape[0]} evaluation sequences also occur in the calibration split; the bound needs "
+            "held-out data. Use load_corpus(..., split='calibration') and load_corpus(..., split='evaluation')."
+        )
+    baseline = math.log2(model.cfg.d_vocab)
+    coefficient = hoeffding_coefficient(loss_range_bits(model.cfg.d_vocab, cfg.alpha), cfg.delta)
+    n_min = min_sequences(baseline, coefficient)
+    if ev.shape[0] < n_min:
+        raise ValueError(
+            f"N={ev.shape[0]} evaluation sequences cannot give a non-trivial bound: even at zero loss the Hoeffding "
+            f"terms {coefficient:.2f}/sqrt(N) = {coefficient / math.sqrt(ev.shape[0]):.2f} bits exceed "
+            f"log2|V| = {baseline:.2f}. The minimum is N = {n_min} (delta={cfg.delta}, alpha={cfg.alpha}); "
+            "real proxies need far more."
+        )
+
+
+def build_certificate(loss_clean: torch.Tensor, losses: ProxyLosses, pool: torch.Tensor, *, d_vocab: int,
+                      cfg: CertifyConfig, config: dict[str, Any] | None = None) -> Certificate:
+    """Assemble a certificate from per-sequence losses (no model needed; DESIGN §7)."""
+    n = int(loss_clean.shape[0])
+    P, m = int(pool.sum()), int(pool.numel())
+    schedule = sorted({x for x in (cfg.n_schedule or default_schedule(n)) if 1 <= x <= n} | {n})
+    kw = {"P": P, "m": m, "d_vocab": d_vocab, "alpha": cfg.alpha, "delta": cfg.delta}
+    curve = [bound_terms(loss_clean[:x], losses.loss_proxy[:x], losses.loss_restricted[:x],
+                         losses.leaves_pool[:x], **kw) for x in schedule]
+    final = curve[-1]
+    delta_bits = loss_range_bits(d_vocab, cfg.alpha)
+    baseline = math.log2(d_vocab)
+    constant = final.R_hat + final.eps_hat + delta_bits * final.eta_hat
+    a = hoeffding_coefficient(delta_bits, cfg.delta)
+    a_occam = hoeffding_coefficient(delta_bits, cfg.delta, log_choose=log_binomial(m, P))
+    n_star, observed = crossing_n(schedule, [t.bound for t in curve], constant=constant, coefficient=a,
+                                  baseline_bits=baseline)
+    n_star_o, observed_o = crossing_n(schedule, [t.bound_occam for t in curve], constant=constant,
+                                      coefficient=a_occam, baseline_bits=baseline)
+    return Certificate(
+        R_hat=final.R_hat, eps_hat=final.eps_hat, eta_hat=final.eta_hat, P=P, m=m, N=n, Delta=delta_bits,
+        bound=final.bound, bound_occam=final.bound_occam, baseline_bits=baseline,
+        nontrivial=final.bound < baseline, nontrivial_occam=final.bound_occam < baseline,
+        N_star=n_star, N_star_observed=observed, N_star_occam=n_star_o, N_star_occam_observed=observed_o,
+        kl_bits=losses.kl_bits.double().mean().item(), top1_agreement=losses.top1.double().mean().item(),
+        loss_clean_mean=loss_clean.double().mean().item(), loss_proxy_mean=losses.loss_proxy.double().mean().item(),
+        curve_N=schedule, curve_bound=[t.bound for t in curve], curve_bound_occam=[t.bound_occam for t in curve],
+        curve_R_hat=[t.R_hat for t in curve], curve_eps_hat=[t.eps_hat for t in curve],
+        curve_eta_hat=[t.eta_hat for t in curve],
+        loss_clean=loss_clean.float(), loss_proxy=losses.loss_proxy.float(),
+        loss_restricted=losses.loss_restricted.float(), leaves_pool=losses.leaves_pool.bool(),
+        kl_per_seq=losses.kl_bits.float(), top1_per_seq=losses.top1.float(), pool=pool.bool(),
+        config=dict(config or {}),
+    )
+
+
+def certify_many(
+    model: HookedTransformer,
+    splices: dict[Hashable, Splice],
+    calibration_tokens: Int[torch.Tensor, "batch pos"],
+    evaluation_tokens: Int[torch.Tensor, "batch pos"],
+    cfg: CertifyConfig,
+    *,
+    times: PassTimes | None = None,
+) -> dict[Hashable, Certificate]:
+    """Certificates of several proxies sharing one calibration pass and one clean evaluation pass."""
+    import time
+
+    check_inputs(model, [s.sae for s in splices.values()], calibration_tokens, evaluation_tokens, cfg)
+    times = times if times is not None else PassTimes()
+    t0 = time.perf_counter()
+    pools = feature_pool(model, splices, calibration_tokens, batch_size=cfg.batch_size)
+    times.pool += time.perf_counter() - t0
+    loss_clean, losses = proxy_pass(model, splices, pools, evaluation_tokens, alpha=cfg.alpha,
+                                    batch_size=cfg.batch_size, times=times)
+    out = {}
+    for name, splice in splices.items():
+        config = {"k": cfg.k, "delta": cfg.delta, "alpha": cfg.alpha, "rule": splice.rule,
+                  "read_hook": splice.read_hook, "write_hook": splice.write_hook,
+                  "shuffled": splice.permutation is not None, "n_cal": int(calibration_tokens.shape[0])}
+        out[name] = build_certificate(loss_clean, losses[name], pools[name], d_vocab=model.cfg.d_vocab, cfg=cfg,
+                                      config=config)
+        c = out[name]
+        logger.info("%s: U = %.3f bits (Occam %.3f) vs log2|V| = %.3f at N = %d; R̂ %.3f ε̂ %.3f η̂ %.3f P %d/%d",
+                    name, c.bound, c.bound_occam, c.baseline_bits, c.N, c.R_hat, c.eps_hat, c.eta_hat, c.P, c.m)
+    return out
+
+
+def certify(
+    model: HookedTransformer,
+    sae: SAE,
+    calibration_tokens: Int[torch.Tensor, "batch pos"],
+    evaluation_tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    k: int = 64,
+    delta: float = 0.05,
+    alpha: float = 0.5,
+    rule: Rule = "topk",
+    n_schedule: list[int] | None = None,
+    batch_size: int = 16,
+) -> Certificate:
+    """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; DESIGN §7).
+
+    Args:
+        model: the frozen TransformerLens model.
+        sae: the dictionary; its reconstruction replaces the activation at its write hook (no error term).
+        calibration_tokens: ``[n_cal, seq_len]``, builds the pool G*.
+        evaluation_tokens: ``[N, seq_len]``, disjoint from calibration; prefixes give the bound-vs-N curve.
+        k: TopK size at evaluation (``rule="topk"``). delta: failure probability. alpha: loss smoothing.
+        rule: ``"topk"`` (k largest |codes| of ``sae.encode``) or ``"native"`` (the SAE's own codes).
+        n_schedule: prefix sizes for the curve. batch_size: sequences per forward pass.
+
+    Raises:
+        ValueError: overlapping splits, N below the minimum for a non-trivial bound, width mismatch.
+        KeyError: the SAE's hook is not in the model.
+    """
+    cfg = CertifyConfig(k=k, delta=delta, alpha=alpha, rule=rule, n_schedule=n_schedule, batch_size=batch_size)
+    splice = Splice(sae, rule=rule, k=k)
+    return certify_many(model, {"proxy": splice}, calibration_tokens, evaluation_tokens, cfg)["proxy"]

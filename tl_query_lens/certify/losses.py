@@ -1,0 +1,236 @@
+"""Proxy splices and per-sequence losses: one clean pass shared by every proxy (DESIGN §7).
+
+A proxy S∘M encodes the activation at the dictionary's read hook, sparsifies the codes (TopK-k by magnitude of the
+SAE's ``encode`` output, or the SAE's native rule), optionally permutes feature ids (shuffle ablation) and masks
+them to a pool G* (restricted proxy h_G), and writes ``sae.decode(codes)`` at the write hook (no error term) —
+the write hook is ``hook_mlp_out`` for transcoders and FF-KV, the read hook for ordinary SAEs.
+
+Per sequence of T tokens, ℓ = mean over the T−1 predictions of −log₂((1−α)p(x_{t+1}) + α/|V|).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from sae_lens import SAE
+from tqdm import tqdm
+from transformer_lens import HookedTransformer
+
+from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.hooks import hook_layer
+
+logger = logging.getLogger(__name__)
+
+Rule = Literal["topk", "native"]
+
+
+@dataclass
+class Splice:
+    """One proxy: a dictionary, its sparsification rule and an optional feature-id permutation.
+
+    Attributes:
+        sae: an SAELens SAE, transcoder or FF-KV dictionary.
+        rule: ``"topk"`` keeps the k entries of ``sae.encode(x)`` largest in magnitude (the encode output is the
+            architecture's own activation: ReLU / JumpReLU / gated / TopK codes, or signed SwiGLU activations for
+            FF-KV); ``"native"`` keeps ``sae.encode(x)`` as is.
+        k: TopK size (ignored by ``"native"``).
+        permutation: π with codes′_i = codes_{π(i)} (the proxy decodes code π(i) with value i), or None.
+    """
+
+    sae: SAE
+    rule: Rule = "topk"
+    k: int = 64
+    permutation: Int[torch.Tensor, " d_sae"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("topk", "native"):
+            raise ValueError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
+        if self.rule == "topk" and self.k < 1:
+            raise ValueError(f"TopK needs k >= 1, got k={self.k}.")
+        view = as_key_value(self.sae)
+        self.read_hook, self.write_hook, self.d_sae = view.read_hook, view.write_hook, view.d_sae
+        if self.permutation is not None:
+            perm = torch.as_tensor(self.permutation, dtype=torch.long)
+            if perm.shape != (self.d_sae,) or not torch.equal(perm.sort().values, torch.arange(self.d_sae)):
+                raise ValueError(f"permutation must be a bijection of 0..{self.d_sae - 1}.")
+            self.permutation = perm
+        self.encode_seconds = 0.0
+
+    @property
+    def start_layer(self) -> int | None:
+        """First block whose input the splice can change (the proxy pass restarts there from the clean residual);
+        None for hooks outside the blocks (e.g. ``hook_embed``): those proxies run from the tokens."""
+        return hook_layer(self.read_hook)
+
+    def codes(self, act: torch.Tensor) -> Float[torch.Tensor, "batch pos d_sae"]:
+        """Sparse codes of the activation at the read hook (after the rule and the permutation)."""
+        t0 = time.perf_counter()
+        codes = self.sae.encode(act.to(self.sae.dtype))
+        if codes.ndim > 3:  # hook_z-style SAEs may keep a head axis on the way in
+            codes = codes.reshape(*codes.shape[:2], -1)
+        if self.rule == "topk" and self.k < codes.shape[-1]:
+            idx = codes.abs().topk(self.k, dim=-1).indices
+            codes = torch.zeros_like(codes).scatter(-1, idx, codes.gather(-1, idx))
+        if self.permutation is not None:
+            codes = codes[..., self.permutation.to(codes.device)]
+        self.encode_seconds += time.perf_counter() - t0
+        return codes
+
+    def hooks(self, *, pool: Bool[torch.Tensor, " d_sae"] | None = None, record: dict | None = None) -> list:
+        """Forward hooks that splice the reconstruction in (codes masked to ``pool`` if given).
+
+        ``record["support"]`` receives the codes' nonzero pattern ``[batch, pos, d_sae]`` of the unmasked codes.
+        """
+        state: dict[str, torch.Tensor] = {}
+
+        def read(act: torch.Tensor, hook) -> torch.Tensor | None:
+            codes = self.codes(act)
+            if record is not None:
+                record["support"] = codes != 0
+            if pool is not None:
+                codes = codes * pool.to(codes.device, codes.dtype)
+            state["codes"] = codes
+            if hook.name == self.write_hook:
+                return write(act, hook)
+            return None
+
+        def write(act: torch.Tensor, hook) -> torch.Tensor:
+            recon = self.sae.decode(state.pop("codes"))
+            return recon.reshape(act.shape).to(act.dtype)
+
+        if self.read_hook == self.write_hook:
+            return [(self.read_hook, read)]
+        return [(self.read_hook, read), (self.write_hook, write)]
+
+
+def smoothed_loss_bits(
+    logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Int[torch.Tensor, "batch pos"], alpha: float
+) -> Float[torch.Tensor, " batch"]:
+    """ℓ = mean_t −log₂((1−α)p(x_{t+1}) + α/|V|) per sequence (DESIGN §7)."""
+    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+    d_vocab = logits.shape[-1]
+    mixed = torch.logaddexp(logp + math.log1p(-alpha), torch.full_like(logp, math.log(alpha / d_vocab)))
+    return -(mixed / math.log(2)).mean(-1)
+
+
+@dataclass
+class ProxyLosses:
+    """Per-sequence quantities of one proxy on the evaluation split.
+
+    Attributes:
+        loss_proxy: ℓ(S∘M), bits.
+        loss_restricted: ℓ(h_G), bits (equal to ``loss_proxy`` where the support stays inside G*).
+        leaves_pool: True where some position's support leaves G*.
+        kl_bits: mean over positions of KL(M ‖ S∘M), bits.
+        top1: share of positions where argmax M = argmax S∘M.
+    """
+
+    loss_proxy: Float[torch.Tensor, " n_seqs"]
+    loss_restricted: Float[torch.Tensor, " n_seqs"]
+    leaves_pool: Bool[torch.Tensor, " n_seqs"]
+    kl_bits: Float[torch.Tensor, " n_seqs"]
+    top1: Float[torch.Tensor, " n_seqs"]
+
+
+@dataclass
+class PassTimes:
+    """Seconds spent in each part of :func:`proxy_pass` (for the benchmark)."""
+
+    clean: float = 0.0
+    proxy: float = 0.0
+    restricted: float = 0.0
+    pool: float = 0.0
+
+
+@torch.no_grad()
+def feature_pool(
+    model: HookedTransformer,
+    splices: dict[Hashable, Splice],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    batch_size: int = 16,
+) -> dict[Hashable, Bool[torch.Tensor, " d_sae"]]:
+    """G* per splice: the union of active features over ``tokens`` (calibration), in one truncated pass."""
+    read_hooks = sorted({s.read_hook for s in splices.values()})
+    layers = [hook_layer(h) for h in read_hooks]
+    stop = None if any(x is None for x in layers) else max(layers) + 1  # type: ignore[type-var]
+    if stop is not None and stop >= model.cfg.n_layers:
+        stop = None
+    pools = {name: torch.zeros(s.d_sae, dtype=torch.bool) for name, s in splices.items()}
+    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="calibration pool", leave=False):
+        batch = tokens[start : start + batch_size].to(model.cfg.device)
+        _, cache = model.run_with_cache(batch, names_filter=read_hooks, stop_at_layer=stop)
+        for name, splice in splices.items():
+            pools[name] |= (splice.codes(cache[splice.read_hook]) != 0).reshape(-1, splice.d_sae).any(0).cpu()
+    return pools
+
+
+@torch.no_grad()
+def proxy_pass(
+    model: HookedTransformer,
+    splices: dict[Hashable, Splice],
+    pools: dict[Hashable, Bool[torch.Tensor, " d_sae"]],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    alpha: float = 0.5,
+    batch_size: int = 16,
+    times: PassTimes | None = None,
+) -> tuple[Float[torch.Tensor, " n_seqs"], dict[Hashable, ProxyLosses]]:
+    """One clean pass over ``tokens`` shared by every splice; each proxy restarts from the clean residual.
+
+    The restricted proxy h_G is run only on sequences whose support leaves G*: elsewhere it equals S∘M exactly.
+
+    Returns:
+        ``(loss_clean, {name: ProxyLosses})``.
+    """
+    times = times if times is not None else PassTimes()
+    starts = sorted({s.start_layer for s in splices.values() if s.start_layer is not None})
+    resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in starts]
+    clean_losses: list[torch.Tensor] = []
+    parts: dict[str, dict[str, list[torch.Tensor]]] = {
+        n: {f: [] for f in ("loss_proxy", "loss_restricted", "leaves_pool", "kl_bits", "top1")} for n in splices
+    }
+    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="proxy pass", leave=False):
+        batch = tokens[start : start + batch_size].to(model.cfg.device)
+        t0 = time.perf_counter()
+        logits, cache = model.run_with_cache(batch, names_filter=resid_names)
+        clean_logp = logits.float().log_softmax(-1)
+        clean_top1 = clean_logp.argmax(-1)
+        clean_losses.append(smoothed_loss_bits(logits, batch, alpha).cpu())
+        times.clean += time.perf_counter() - t0
+        for name, splice in splices.items():
+            t0 = time.perf_counter()
+            pool = pools[name].to(model.cfg.device)
+            record: dict[str, torch.Tensor] = {}
+            layer = splice.start_layer
+            resid = batch if layer is None else cache[f"blocks.{layer}.hook_resid_pre"]
+            proxy_logits = model.run_with_hooks(
+                resid, start_at_layer=layer, fwd_hooks=splice.hooks(record=record)
+            )
+            leaves = (record["support"] & ~pool).flatten(1).any(-1)
+            loss_proxy = smoothed_loss_bits(proxy_logits, batch, alpha)
+            proxy_logp = proxy_logits.float().log_softmax(-1)
+            kl = (clean_logp.exp() * (clean_logp - proxy_logp)).sum(-1).mean(-1) / math.log(2)
+            top1 = (proxy_logp.argmax(-1) == clean_top1).float().mean(-1)
+            times.proxy += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            loss_restricted = loss_proxy.clone()
+            if leaves.any():
+                sub = leaves.nonzero()[:, 0]
+                restricted_logits = model.run_with_hooks(
+                    resid[sub], start_at_layer=layer, fwd_hooks=splice.hooks(pool=pool)
+                )
+                loss_restricted[sub] = smoothed_loss_bits(restricted_logits, batch[sub], alpha)
+            times.restricted += time.perf_counter() - t0
+            for field, value in (("loss_proxy", loss_proxy), ("loss_restricted", loss_restricted),
+                                 ("leaves_pool", leaves), ("kl_bits", kl), ("top1", top1)):
+                parts[name][field].append(value.cpu())
+    out = {n: ProxyLosses(**{f: torch.cat(v) for f, v in p.items()}) for n, p in parts.items()}
+    return torch.cat(clean_losses), out

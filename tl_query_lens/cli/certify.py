@@ -1,0 +1,99 @@
+"""``tlql certify``: certificates (DESIGN §7) of FF-KV or saved SAEs per layer, shuffle ablation, plots, W&B."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from tl_query_lens.cli import add_common_args, parse_layers
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("certify", help="certify the model through SAE / FF-KV proxies (risk bound)")
+    add_common_args(parser, out="results/certify")
+    parser.add_argument("--layers", default="0,6,12,18,24,29",
+                        help="FF-KV layers, e.g. '3,5' or '0-29' or 'all' (ignored for saved SAEs)")
+    parser.add_argument("--dictionary", default="ffkv",
+                        help="comma-separated: 'ffkv' (TopK FF-KV at each of --layers) and/or folders of SAEs saved "
+                             "with save_model / the SAELens runner; all share one clean pass")
+    parser.add_argument("--n-cal", type=int, default=1000, help="calibration sequences (builds the pool G*)")
+    parser.add_argument("--n-eval", type=int, default=1000, help="evaluation sequences N (disjoint split)")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--k", type=int, default=64, help="TopK size at evaluation")
+    parser.add_argument("--rule", choices=("topk", "native"), default="topk")
+    parser.add_argument("--delta", type=float, default=0.05)
+    parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--shuffle", nargs="?", const="all", default=None,
+                        help="add the feature-shuffle ablation: for every proxy, or for comma-separated labels "
+                             "('ffkv L24,sae L24 <folder>')")
+    parser.set_defaults(func=run)
+
+
+def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
+    """``{label: SAE}``: ``"ffkv L{l}"`` per layer (the whole MLP; TopK is applied at evaluation) and
+    ``"sae L{l} {folder}"`` per saved SAE."""
+    from pathlib import Path
+
+    from sae_lens import SAE
+
+    from tl_query_lens import FFKV
+    from tl_query_lens.hooks import hook_layer
+
+    saes: dict[str, object] = {}
+    for item in args.dictionary.split(","):
+        if item == "ffkv":
+            for layer in parse_layers(args.layers, model.cfg.n_layers):
+                saes[f"ffkv L{layer}"] = FFKV.from_model(model, layer, "vanilla")
+        else:
+            if not Path(item).is_dir():
+                raise SystemExit(f"tlql certify: {item!r} is neither 'ffkv' nor a folder holding a saved SAE.")
+            sae = SAE.load_from_disk(item, device=str(model.cfg.device))
+            saes[f"sae L{hook_layer(sae.cfg.metadata.hook_name)} {Path(item).name}"] = sae
+    return saes
+
+
+def _shuffle_labels(text: str | None) -> bool | list[str]:
+    if text is None:
+        return False
+    return True if text == "all" else [label.strip() for label in text.split(",") if label.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
+    from tl_query_lens.certify.sweep import LayerSweep, certify_layers
+    from tl_query_lens.tracking import Tracker
+
+    model = load_model(args.model, device=args.device)
+    saes = load_dictionaries(args, model)
+    cal = load_corpus(args.corpus, model, n_seqs=args.n_cal, seq_len=args.seq_len, split="calibration",
+                      seed=args.seed)
+    ev = load_corpus(args.corpus, model, n_seqs=args.n_eval, seq_len=args.seq_len, split="evaluation",
+                     seed=args.seed)
+    out = Path(args.out)
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    sweep = certify_layers(model, saes, cal, ev, k=args.k, delta=args.delta, alpha=args.alpha, rule=args.rule,
+                           batch_size=args.batch_size, shuffle=_shuffle_labels(args.shuffle), seed=args.seed)
+    sweep.save(out)
+    with Tracker(out, project=args.wandb_project, name="certify", config=config, use_wandb=args.wandb) as tracker:
+        table = tracker.log_table("certificates", list(LayerSweep.COLUMNS), sweep.rows())
+        tracker.log_scalars("times", {"clean_s": sweep.times.clean, "proxy_s": sweep.times.proxy,
+                                      "restricted_s": sweep.times.restricted, "pool_s": sweep.times.pool})
+        real = dict(sweep.certificates)
+        tracker.log_plot("bound_vs_N", bound_vs_n_figure(real))
+        tracker.log_plot("bound_occam_vs_N", bound_vs_n_figure(real, occam=True, title="Occam bound vs N"))
+        if sweep.shuffled:
+            shuffled = dict(sweep.shuffled)
+            tracker.log_plot("gap_real_vs_shuffled", gap_distribution_figure(real, shuffled))
+            tracker.log_plot("bound_vs_N_shuffled", bound_vs_n_figure(shuffled, title="Shuffled proxies: bound vs N"))
+        tracker.log_artifact("certificates", [p for p in out.iterdir() if (p / "result.json").exists()])
+    print(f"certificates: {table}")
+    for row in sweep.rows():
+        print("  " + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}"
+                               for c, v in zip(LayerSweep.COLUMNS, row)))
+    return 0
