@@ -34,21 +34,24 @@ def add_common_args(parser: argparse.ArgumentParser, *, out: str) -> None:
     parser.add_argument("--wandb-project", default="tl_query_lens")
 
 
-def parse_layers(text: str, n_layers: int) -> list[int]:
-    """'3,5,7' or '0-29' or 'all' → sorted layer list, checked against the model."""
-    if text == "all":
-        return list(range(n_layers))
-    layers: set[int] = set()
+def parse_ranges(text: str, upper: int, what: str) -> list[int]:
+    """'3,5,7' or '0-9,15' → sorted ids, each checked to lie in 0..upper-1 (else a SystemExit naming the range)."""
+    ids: set[int] = set()
     for part in text.split(","):
         if "-" in part:
             lo, hi = part.split("-")
-            layers.update(range(int(lo), int(hi) + 1))
+            ids.update(range(int(lo), int(hi) + 1))
         elif part.strip():
-            layers.add(int(part))
-    bad = sorted(layer for layer in layers if not 0 <= layer < n_layers)
+            ids.add(int(part))
+    bad = sorted(i for i in ids if not 0 <= i < upper)
     if bad:
-        raise SystemExit(f"tlql: layers {bad} are out of range; this model has layers 0..{n_layers - 1}.")
-    return sorted(layers)
+        raise SystemExit(f"tlql: {what} {bad[:10]} are out of range; valid: 0..{upper - 1}.")
+    return sorted(ids)
+
+
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """'3,5,7' or '0-29' or 'all' → sorted layer list, checked against the model."""
+    return list(range(n_layers)) if text == "all" else parse_ranges(text, n_layers, "layers")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import logging
 
 from tqdm import tqdm
 
-from tl_query_lens.cli import add_common_args, parse_layers
+from tl_query_lens.cli import add_common_args, parse_layers, parse_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -37,19 +37,7 @@ def add_parser(subparsers) -> None:
 
 def parse_features(text: str, d_sae: int) -> list[int] | None:
     """'0-9,15' → ids (checked against the dictionary), 'all' → None (every feature)."""
-    if text == "all":
-        return None
-    ids: set[int] = set()
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            ids.update(range(int(lo), int(hi) + 1))
-        elif part.strip():
-            ids.add(int(part))
-    bad = sorted(i for i in ids if not 0 <= i < d_sae)
-    if bad:
-        raise SystemExit(f"tlql: features {bad[:10]} are out of range; the dictionary has features 0..{d_sae - 1}.")
-    return sorted(ids)
+    return None if text == "all" else parse_ranges(text, d_sae, "features")
 
 
 def run(args: argparse.Namespace) -> int:
