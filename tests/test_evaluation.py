@@ -180,8 +180,7 @@ def test_query_lens_signatures_plug_in():
 
 def test_cli_query_lens_evaluate_delegates(monkeypatch):
     """`tlql query-lens --evaluate` runs `tlql ql-evaluate` with its layers, features, k and corpus options."""
-    from tl_query_lens.cli import main
-    from tl_query_lens.cli import ql_evaluate
+    from tl_query_lens.cli import main, ql_evaluate
 
     seen = {}
     monkeypatch.setattr(ql_evaluate, "run", lambda args: seen.setdefault("args", args) and 0)

@@ -1,4 +1,5 @@
 import json
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import pytest
@@ -6,7 +7,6 @@ import torch
 
 from tl_query_lens.results import SavableResult, read_tensors, write_tensors
 from tl_query_lens.tracking import Tracker, read_offline_records
-from dataclasses import dataclass
 
 
 @dataclass

@@ -119,7 +119,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
     cards = []
     first_order = sigs["value_first_order"]
     for row, feature in enumerate(features.tolist()):
-        def lists(*names: str) -> list[TokenList]:
+        def lists(*names: str, row: int = row) -> list[TokenList]:
             return [TokenList(n.replace("_", " "), sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
                     for n in names if sigs[n].top_strings is not None]
 
@@ -145,7 +145,13 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     from sae_lens import SAE
 
     from tl_query_lens import load_corpus
-    from tl_query_lens.readout import cached_sae_path, decompose, feature_labels, fit_readout, top1_vs_competitor
+    from tl_query_lens.readout import (
+        cached_sae_path,
+        decompose,
+        feature_labels,
+        fit_readout,
+        top1_vs_competitor,
+    )
 
     path = cached_sae_path(cfg.model, cfg.readout_sae_id)
     if (path / "cfg.json").exists():

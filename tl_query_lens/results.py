@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
+from typing_extensions import Self
 
 T = TypeVar("T", bound="SavableResult")
 
@@ -90,7 +91,7 @@ class SavableResult:
         return path
 
     @classmethod
-    def load(cls: type[T], path: str | Path) -> T:
+    def load(cls, path: str | Path) -> Self:
         """Load a result saved with :meth:`save`."""
         path = Path(path)
         record = json.loads((path / "result.json").read_text(encoding="utf-8"))

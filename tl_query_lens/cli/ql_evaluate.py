@@ -148,7 +148,7 @@ def format_table(rows: list[dict]) -> str:
     head = "| method | Input % | " + " | ".join(f"Output % (KL {k[7:]})" for k in outs) + " | paper Input/Output |"
     lines = [head, "|" + "---|" * (3 + len(outs))]
     for r in rows:
-        cell = lambda key: f"{r[key]:.2f} [{r[key + '_lo']:.2f}, {r[key + '_hi']:.2f}]"  # noqa: E731
+        cell = lambda key: f"{r[key]:.2f} [{r[key + '_lo']:.2f}, {r[key + '_hi']:.2f}]"
         paper = PAPER_GPT2.get(r["method"])
         lines.append(f"| {r['method']} | {cell('input')} | " + " | ".join(cell(k) for k in outs)
                      + f" | {f'{paper[0]} / {paper[1]}' if paper else '—'} |")

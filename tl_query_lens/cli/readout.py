@@ -89,8 +89,14 @@ def run_decompose(args: argparse.Namespace) -> int:
     import torch
 
     from tl_query_lens import load_model
-    from tl_query_lens.readout import decompose, group_mean, margin, token_logit, top1_vs_competitor
-    from tl_query_lens.readout import vocab_mean_contrast
+    from tl_query_lens.readout import (
+        decompose,
+        group_mean,
+        margin,
+        token_logit,
+        top1_vs_competitor,
+        vocab_mean_contrast,
+    )
     from tl_query_lens.readout.states import logit_lens
 
     model = load_model(args.model, device=args.device)

@@ -125,7 +125,7 @@ class SignatureEvaluation(SavableResult):
         for r in results[1:]:
             if r.methods != first.methods or list(r.kl_targets) != list(first.kl_targets):
                 raise ValueError("Only evaluations with the same methods and KL targets can be joined.")
-        cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)  # noqa: E731
+        cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)
         return cls(first.methods, cat("features", 0), cat("layers", 0), list(first.kl_targets),
                    cat("input_scores", 1), cat("output_scores", 2), cat("alphas", 1), cat("search_kl", 1),
                    cat("achieved_kl", 1), cat("steered_top", 1), cat("signature_ids", 1), dict(first.config))

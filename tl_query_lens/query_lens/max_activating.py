@@ -33,7 +33,7 @@ def normalise_token(text: str) -> str:
     return text.strip().lstrip(_SPACE_MARKERS).strip().lower()
 
 
-def token_strings(tokenizer, ids: Int[torch.Tensor, "..."]) -> list[str]:
+def token_strings(tokenizer, ids: Int[torch.Tensor, ...]) -> list[str]:
     """Normalised strings of a flat list of token ids (decoded one id at a time)."""
     return [normalise_token(tokenizer.decode([int(i)])) for i in ids.reshape(-1).tolist()]
 

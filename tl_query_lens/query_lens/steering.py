@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
-from transformer_lens import TransformerLensKeyValueCache
+from transformer_lens import HookedTransformer, TransformerLensKeyValueCache
 
 from tl_query_lens.dictionaries.key_value import KeyValueView
 from tl_query_lens.query_lens.max_activating import MaxActivations, view_start_layer

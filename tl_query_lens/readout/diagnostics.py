@@ -107,7 +107,7 @@ def build_score_bank(bank: StateBank, rows: torch.Tensor, b_U: torch.Tensor, *, 
 
 @torch.no_grad()
 def _family_scores(logits: torch.Tensor, mean_logit: torch.Tensor, sb: ScoreBank, sl: slice) -> dict[str, torch.Tensor]:
-    g = lambda t: logits.gather(1, t.to(logits.device)[:, None] if t.ndim == 1 else t.to(logits.device))  # noqa: E731
+    g = lambda t: logits.gather(1, t.to(logits.device)[:, None] if t.ndim == 1 else t.to(logits.device))
     top1, ru, pair, grp = sb.top1[sl], sb.runner_up[sl], sb.margin_pair[sl], sb.group[sl]
     s1 = g(top1)[:, 0]
     return {"token_logit": s1, "top1_vs_competitor": s1 - g(ru)[:, 0],
