@@ -19,16 +19,8 @@ import torch
 
 from tl_query_lens import FFKV, load_corpus, load_model
 from tl_query_lens.query_lens import QueryLens
+from tl_query_lens.query_lens.evaluation import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import input_scores, max_activating_contexts
-
-
-def bootstrap_ci(scores: torch.Tensor, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean in percent and a percentile-bootstrap 95% CI over features (as in SignatureEvaluation.summary)."""
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, scores.numel(), (n_boot, scores.numel()), generator=gen)
-    boot = scores.double()[idx].mean(1)
-    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.double)).tolist()
-    return 100 * scores.double().mean().item(), 100 * lo, 100 * hi
 
 
 def main() -> None:
@@ -67,7 +59,8 @@ def main() -> None:
                 scores.append(input_scores(model.tokenizer, top, sig.top_ids))
             label = name if name == "LL_KEY" else f"QL_KEY ({n_op}×32 operator tokens)"
             per_feature[label] = torch.cat(scores)
-            mean, lo, hi = bootstrap_ci(per_feature[label])
+            ci = mean_ci("input", per_feature[label], bootstrap_indices(per_feature[label].numel()))
+            mean, lo, hi = ci["input"], ci["input_lo"], ci["input_hi"]
             results["runs"][label] = {"input_pct": mean, "ci": [lo, hi], "operator_seconds": seconds,
                                       "per_layer_pct": {str(layer): 100 * s.mean().item()
                                                         for layer, s in zip(layers, scores)}}

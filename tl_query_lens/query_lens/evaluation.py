@@ -132,19 +132,24 @@ class SignatureEvaluation(SavableResult):
 
     def summary(self, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
         """Mean scores in percent with percentile-bootstrap 95% CIs over features, one row per method."""
-        gen = torch.Generator().manual_seed(seed)
         n = self.features.numel()
-        idx = torch.randint(0, n, (n_boot, n), generator=gen)
+        idx = bootstrap_indices(n, n_boot=n_boot, seed=seed)
         rows = []
         for m, name in enumerate(self.methods):
-            row = {"method": name, "n_features": n, **_mean_ci("input", self.input_scores[m], idx)}
+            row = {"method": name, "n_features": n, **mean_ci("input", self.input_scores[m], idx)}
             for t, target in enumerate(self.kl_targets):
-                row.update(_mean_ci(f"output@{target:g}", self.output_scores[m, t], idx))
+                row.update(mean_ci(f"output@{target:g}", self.output_scores[m, t], idx))
             rows.append(row)
         return rows
 
 
-def _mean_ci(name: str, scores: torch.Tensor, idx: torch.Tensor) -> dict[str, float]:
+def bootstrap_indices(n: int, *, n_boot: int = 2000, seed: int = 0) -> torch.Tensor:
+    """``[n_boot, n]`` resampling indices over features (shared by methods, so their CIs are paired)."""
+    return torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
+
+
+def mean_ci(name: str, scores: torch.Tensor, idx: torch.Tensor) -> dict[str, float]:
+    """Mean of ``scores`` in percent and its percentile-bootstrap 95% CI over the resamples ``idx``."""
     boot = scores.double()[idx].mean(1)
     lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.double)).tolist()
     return {f"{name}": 100 * scores.double().mean().item(), f"{name}_lo": 100 * lo, f"{name}_hi": 100 * hi}
