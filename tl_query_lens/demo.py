@@ -132,8 +132,10 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
         cards.append(FeatureCard(f"layer {cfg.ql_layer} FF-KV feature {feature}",
                                  key_lists=lists("key_logit_lens", "key_full"),
                                  value_lists=lists("value_logit_lens", "value_full"), module_shares=top_shares,
-                                 notes="per-module shares: first-order decomposition of the top-25 value scores "
-                                       "(direct term and the 8 largest downstream modules)"))
+                                 notes="per-module shares: first-order decomposition of the summed top-25 value "
+                                       "scores, signed; over the direct term and every downstream module they sum to "
+                                       "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
+                                       "shown)"))
     records = neuronpedia_features(sigs["value_full"], key=sigs["key_full"], model_id=model.cfg.model_name,
                                    sae_id="ffkv")
     np_path = export_neuronpedia(cfg.out / "neuronpedia_features.json", records)
