@@ -25,8 +25,8 @@ class DemoConfig:
         ql_layer: layer whose FF-KV features get key and value signatures.
         n_features: features shown as cards (seeded sample of features active on the corpus).
         operator_seqs / seq_len: corpus for the transition operators (Query Lens).
-        operator_cache: folder where the operators are kept and reused by later runs (keyed by model, hooks, corpus
-            fingerprint, dtype); default ``<user cache>/operators``, ``None`` in the dataclass means that default.
+        operator_cache: folder where the transition operators are kept and reused by later runs (keyed by model,
+            hooks, corpus fingerprint, dtype); ``None`` means ``<user cache>/operators``.
         splice_seqs: evaluation sequences for the FF-KV splice metrics.
         readout_overrides: fields of the readout fit (``ReadoutFitConfig``) for a first fit (the full demo caps it
             at 480 s so the first run stays near 20 minutes); a cached fit is reused.

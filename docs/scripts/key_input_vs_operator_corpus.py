@@ -36,10 +36,10 @@ def main() -> None:
     model = load_model("smollm2-135m")
     layers = [int(x) for x in args.layers.split(",")]
     ev_tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=32, split="evaluation", seed=0)
-    gen = torch.Generator().manual_seed(0)  # the feature sample of `tlql ql-evaluate` (seed 0, layers in order)
-    features = {layer: torch.randperm(1536, generator=gen)[: args.features_per_layer].sort().values
-                for layer in layers}
     saes = {layer: FFKV.from_model(model, layer) for layer in layers}
+    gen = torch.Generator().manual_seed(0)  # the feature sample of `tlql ql-evaluate` (seed 0, layers in order)
+    features = {layer: torch.randperm(saes[layer].cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
+                for layer in layers}
     contexts = {layer: max_activating_contexts(model, saes[layer], ev_tokens, n_contexts=20) for layer in layers}
     results: dict = {"features": {str(k): v.tolist() for k, v in features.items()}, "runs": {}}
     per_feature = {}
