@@ -59,7 +59,7 @@ def test_max_activating_contexts_match_brute_force(style):
     model = tiny_model(style)
     tokens = tiny_tokens(model, n_seqs=10, seq_len=8)
     sae = FFKV.from_model(model, 1)
-    res = max_activating_contexts(model, sae, tokens, n_contexts=3, batch_size=3, use_cache=False)
+    res = max_activating_contexts(model, sae, tokens, n_contexts=3, batch_size=3)
     _, cache = model.run_with_cache(tokens, names_filter="blocks.1.mlp.hook_post")
     acts = cache["blocks.1.mlp.hook_post"]  # FF-KV vanilla activations are the MLP's hidden activations
     per_seq, where = acts.max(dim=1)  # [n_seqs, d_mlp]

@@ -22,7 +22,8 @@ from tl_query_lens.readout import (
     vocab_mean_contrast,
 )
 from tl_query_lens.readout import baselines as bl
-from tl_query_lens.readout.diagnostics import ablation_regression, cluster_bootstrap, evaluate_reconstruction
+from tl_query_lens.primitives import cluster_bootstrap
+from tl_query_lens.readout.diagnostics import ablation_regression, evaluate_reconstruction
 from tl_query_lens.readout.sae import unembedding_rows
 
 FIT = dict(width=96, k=8, steps=60, batch_rows=64, batch_pairs=32, log_every=20, use_wandb=False, progress=False)

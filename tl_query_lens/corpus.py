@@ -160,7 +160,7 @@ def load_corpus(
 ) -> Int[torch.Tensor, "batch pos"]:
     """Fixed-length token sequences from one split of a corpus.
 
-    Documents are assigned to train / calibration / evaluation by a hash of their text (80/10/10), tokenized,
+    Documents are assigned to train / calibration / evaluation by a hash of their text (60/20/20, ``SPLIT_SHARES``), tokenized,
     joined with the EOS token, cut into ``seq_len`` windows, and ``n_seqs`` windows are drawn with ``seed``.
 
     Returns:
@@ -175,7 +175,7 @@ def load_corpus(
     if not docs:
         raise ValueError(f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
                          "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field).")
-    stream = _token_stream(tuple(docs), tok)
+    stream = _token_stream(docs, tok)
     n_windows = stream.numel() // seq_len
     if n_windows < n_seqs:
         raise ValueError(
@@ -188,22 +188,14 @@ def load_corpus(
     return windows[torch.tensor(order[:n_seqs])].clone()
 
 
-def _token_stream(docs: tuple[str, ...], tok) -> torch.Tensor:
-    key = (docs.__hash__(), getattr(tok, "name_or_path", ""), len(tok))
-    cached = _STREAM_CACHE.get(key)
-    if cached is None:
-        sep = tok.eos_token_id if tok.eos_token_id is not None else 0
-        ids: list[int] = []
-        for doc in docs:
-            ids.extend(tok.encode(doc, add_special_tokens=False))
-            ids.append(sep)
-        cached = torch.tensor(ids, dtype=torch.long)
-        _STREAM_CACHE.clear()
-        _STREAM_CACHE[key] = cached
-    return cached
-
-
-_STREAM_CACHE: dict[tuple, torch.Tensor] = {}
+def _token_stream(docs: list[str], tok) -> torch.Tensor:
+    """The documents tokenised and joined with EOS (no cache: a tokenizer is not a safe cache key)."""
+    sep = tok.eos_token_id if tok.eos_token_id is not None else 0
+    ids: list[int] = []
+    for doc in docs:
+        ids.extend(tok.encode(doc, add_special_tokens=False))
+        ids.append(sep)
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def corpus_fingerprint(tokens: torch.Tensor) -> str:

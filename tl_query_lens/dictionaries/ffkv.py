@@ -21,6 +21,8 @@ from torch import nn
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from tl_query_lens.primitives import topk_mask
+
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": tl_utils.gelu_new,
@@ -132,13 +134,6 @@ class FFKVSAE(SAE[FFKVSAEConfig]):
     @property
     def d_out(self) -> int:
         return self.cfg.d_out
-
-
-def topk_mask(acts: torch.Tensor, k: int, *, by: Literal["magnitude", "value"] = "magnitude") -> torch.Tensor:
-    """Keep the k largest entries of the last axis (by |a| or by a), zero the rest."""
-    score = acts.abs() if by == "magnitude" else acts
-    idx = score.topk(k, dim=-1).indices
-    return torch.zeros_like(acts).scatter(-1, idx, acts.gather(-1, idx))
 
 
 def mlp_read_hook(model: HookedTransformer, layer: int) -> str:

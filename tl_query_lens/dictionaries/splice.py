@@ -10,6 +10,7 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.primitives import kl_divergence
 from tl_query_lens.results import SavableResult
 
 
@@ -69,8 +70,7 @@ def splice_metrics(
         spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
         ce_clean += _ce_sum(logits, batch)
         ce_spliced += _ce_sum(spliced, batch)
-        logp, logq = logits.log_softmax(-1), spliced.log_softmax(-1)
-        kl_sum += (logp.exp() * (logp - logq)).sum().item()
+        kl_sum += kl_divergence(logits.log_softmax(-1), spliced.log_softmax(-1)).sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     sst = y_sq - (y_sum.pow(2).sum() / n_tok).item()
     return SpliceMetrics(

@@ -37,6 +37,7 @@ from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_finite
+from tl_query_lens.primitives import stop_layer
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +83,14 @@ def check_tokens(model: HookedTransformer, tokens: torch.Tensor, skip_positions:
     return tokens.long()
 
 
-def _stop_layer(model: HookedTransformer, hooks: Sequence[str]) -> int | None:
-    layers = [hook_layer(h) for h in hooks]
-    if any(layer is None and h != EMBED_HOOK and not h.startswith("hook_pos_embed") for h, layer in zip(hooks, layers)):
-        return None  # e.g. ln_final.*: run to the end
-    deepest = max((layer for layer in layers if layer is not None), default=-1)
-    return deepest + 1
+def _plan(direction: Direction, sources: list[str], reads: list[str], *, name) -> list[_Sweep]:
+    """The sweeps that fill operator ``name(source, read)`` for every (source, read) pair: reverse mode runs one
+    backward sweep per read hook (all sources at once), forward mode one JVP sweep per source (all reads at once)."""
+    if direction == "reverse":
+        return [_Sweep("reverse", dict.fromkeys(sources, False), [r], {s: name(s, r) for s in sources}) for r in reads]
+    if direction == "forward":
+        return [_Sweep("forward", {s: False}, list(reads), {r: name(s, r) for r in reads}) for s in sources]
+    raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +102,7 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
                chunk: int, bar) -> None:
     """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``)."""
     dtype, device = model.cfg.dtype, tokens.device
-    stop = _stop_layer(model, [*sweep.perturb, *sweep.read])
+    stop = stop_layer([*sweep.perturb, *sweep.read])
     deltas: dict[str, torch.Tensor] = {}
     captured: dict[str, torch.Tensor] = {}
 
@@ -246,12 +249,7 @@ def value_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch p
     for name in hooks:
         if hook_layer(name) is None and name != EMBED_HOOK:
             raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
-    if direction == "reverse":
-        sweeps = [_Sweep("reverse", {h: False for h in hooks}, [final], {h: h for h in hooks})]
-    elif direction == "forward":
-        sweeps = [_Sweep("forward", {h: False}, [final], {final: h}) for h in hooks]
-    else:
-        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    sweeps = _plan(direction, hooks, [final], name=lambda source, read: source)
     shapes = {h: (widths[final], widths[h]) for h in hooks}
     return _compute(model, tokens, "value", final, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
                     chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress)
@@ -270,12 +268,7 @@ def key_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos
     if not hooks:
         raise ValueError("Give at least one destination hook.")
     widths = _widths(model, [EMBED_HOOK, *hooks])
-    if direction == "forward":
-        sweeps = [_Sweep("forward", {EMBED_HOOK: False}, hooks, {h: h for h in hooks})]
-    elif direction == "reverse":
-        sweeps = [_Sweep("reverse", {EMBED_HOOK: False}, [h], {EMBED_HOOK: h}) for h in hooks]
-    else:
-        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    sweeps = _plan(direction, [EMBED_HOOK], hooks, name=lambda source, read: read)
     shapes = {h: (widths[h], widths[EMBED_HOOK]) for h in hooks}
     return _compute(model, tokens, "key", EMBED_HOOK, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
                     chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import (
     MaxActivations,
     input_scores,
@@ -141,18 +142,6 @@ class SignatureEvaluation(SavableResult):
                 row.update(mean_ci(f"output@{target:g}", self.output_scores[m, t], idx))
             rows.append(row)
         return rows
-
-
-def bootstrap_indices(n: int, *, n_boot: int = 2000, seed: int = 0) -> torch.Tensor:
-    """``[n_boot, n]`` resampling indices over features (shared by methods, so their CIs are paired)."""
-    return torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
-
-
-def mean_ci(name: str, scores: torch.Tensor, idx: torch.Tensor) -> dict[str, float]:
-    """Mean of ``scores`` in percent and its percentile-bootstrap 95% CI over the resamples ``idx``."""
-    boot = scores.double()[idx].mean(1)
-    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.double)).tolist()
-    return {f"{name}": 100 * scores.double().mean().item(), f"{name}_lo": 100 * lo, f"{name}_hi": 100 * hi}
 
 
 @torch.no_grad()

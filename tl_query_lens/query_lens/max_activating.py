@@ -18,14 +18,12 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.hooks import hook_layer
+from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
 _SPACE_MARKERS = " \u0120\u2581\t\n"  # space, GPT-2 'Ġ', SentencePiece '▁', whitespace
-
-# One cache per process: (read hook, dictionary storage, corpus fingerprint, n_contexts) → MaxActivations.
-_CACHE: dict[tuple, MaxActivations] = {}
 
 
 def normalise_token(text: str) -> str:
@@ -71,12 +69,11 @@ def max_activating_contexts(
     *,
     n_contexts: int = 20,
     batch_size: int = 16,
-    use_cache: bool = True,
 ) -> MaxActivations:
     """Top-``n_contexts`` corpus sequences of every feature by its maximum activation over positions.
 
-    One pass over ``tokens`` serves all features of the dictionary (a running per-sequence max ``[n_seqs, d_sae]``),
-    and the result is cached per (dictionary, corpus) for the process.
+    One pass over ``tokens`` serves all features of the dictionary (a running per-sequence max ``[n_seqs, d_sae]``).
+    Nothing is cached: keep the result (it saves and loads) and pass it on as ``contexts=``.
 
     Args:
         model: the model the dictionary belongs to.
@@ -84,7 +81,6 @@ def max_activating_contexts(
         tokens: corpus sequences; each row is one context.
         n_contexts: N, contexts kept per feature (the paper uses N ≥ 20).
         batch_size: sequences per forward pass.
-        use_cache: reuse an earlier result for the same dictionary and corpus.
     """
     view = as_key_value(dictionary, model)
     if tokens.ndim != 2 or tokens.shape[0] < n_contexts:
@@ -93,11 +89,7 @@ def max_activating_contexts(
             f"{tuple(tokens.shape)}; load more sequences with load_corpus(..., n_seqs=...)."
         )
     fingerprint = corpus_fingerprint(tokens)
-    key = (view.read_hook, view.values.data_ptr(), tuple(view.values.shape), fingerprint, n_contexts)
-    if use_cache and key in _CACHE:
-        return _CACHE[key]
-    layer = hook_layer(view.read_hook)
-    stop = None if layer is None or layer + 1 >= model.cfg.n_layers else layer + 1
+    stop = stop_layer([view.read_hook])
     best = torch.empty(tokens.shape[0], view.d_sae)
     where = torch.empty(tokens.shape[0], view.d_sae, dtype=torch.long)
     captured: dict[str, torch.Tensor] = {}
@@ -114,7 +106,7 @@ def max_activating_contexts(
         where[start : start + batch.shape[0]] = index
     top_act, top_seq = best.T.topk(n_contexts, dim=1)  # [d_sae, N]
     top_pos = where.T.gather(1, top_seq)
-    result = MaxActivations(
+    return MaxActivations(
         seq=top_seq,
         pos=top_pos,
         token=tokens[top_seq, top_pos].cpu(),
@@ -122,9 +114,6 @@ def max_activating_contexts(
         read_hook=view.read_hook,
         corpus_fingerprint=fingerprint,
     )
-    if use_cache:
-        _CACHE[key] = result
-    return result
 
 
 def input_scores(

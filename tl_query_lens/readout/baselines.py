@@ -17,17 +17,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout.sae import decode_sparse
 
 logger = logging.getLogger(__name__)
-
-
-def normalise_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(μ, a, x) with μ the mean row, a_t = ‖w_t − μ‖, x_t = (w_t − μ)/a_t."""
-    mu = rows.mean(0)
-    centred = rows - mu
-    a = centred.norm(dim=-1)
-    return mu, a, centred / a.clamp_min(torch.finfo(rows.dtype).tiny)[:, None]
 
 
 def _rows_back(mu, a, x_hat):

@@ -85,7 +85,7 @@ def cross_lens_check(
         operator_a, operator_b: value operators M_l fitted on two corpora.
         sequence: source sequence of each state (bootstrap clusters; default one cluster per state).
     """
-    from tl_query_lens.readout.diagnostics import cluster_bootstrap
+    from tl_query_lens.primitives import cluster_bootstrap
 
     check_compatible(sae, model)
     rows = unembedding_rows(model)

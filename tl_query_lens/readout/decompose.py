@@ -67,7 +67,7 @@ class Decomposition(SavableResult):
 
 def _rows_for(sae: ReadoutSAE, model) -> torch.Tensor:
     if model is None:
-        rows = getattr(sae, "_bound_rows", None)
+        rows = sae.bound_rows
         if rows is None:
             raise ValueError("decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
                              "to), or call bind(sae, model) once.")
@@ -84,7 +84,7 @@ def _rows_for(sae: ReadoutSAE, model) -> torch.Tensor:
 def bind(sae: ReadoutSAE, model) -> ReadoutSAE:
     """Check ``sae`` against ``model`` and remember its LM-head rows so ``decompose`` needs no ``model=``."""
     check_compatible(sae, model)
-    sae._bound_rows = unembedding_rows(model).to(sae.W_dec.device)
+    sae.bound_rows = unembedding_rows(model).to(sae.W_dec.device)
     return sae
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.primitives import LOG2, cluster_bootstrap, kl_divergence
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult
 
 FAMILIES = ("token_logit", "top1_vs_competitor", "margin", "group_mean", "vocab_mean_contrast")
 CONTRASTS = ("top1_vs_competitor", "margin", "vocab_mean_contrast")
-LOG2 = math.log(2.0)
 
 
 @dataclass
@@ -75,19 +75,6 @@ def rho(eps: torch.Tensor, exact: torch.Tensor, delta: float = 0.5) -> torch.Ten
 def covered(recon: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """Matching sign and ρ_0 < 0.5."""
     return (torch.sign(recon) == torch.sign(exact)) & (rho(exact - recon, exact, 0.0) < 0.5)
-
-
-def cluster_bootstrap(values: torch.Tensor, clusters: torch.Tensor, *, n_boot: int = 1000, seed: int = 0,
-                      level: float = 0.95) -> list[float]:
-    """Percentile CI of a mean, resampling clusters (sequences) with replacement."""
-    ids, inv = clusters.unique(return_inverse=True)
-    sums = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, values.double())
-    counts = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, torch.ones_like(values, dtype=torch.float64))
-    gen = torch.Generator().manual_seed(seed)
-    draws = torch.randint(len(ids), (n_boot, len(ids)), generator=gen)
-    stats = sums[draws].sum(1) / counts[draws].sum(1).clamp_min(1)
-    lo, hi = torch.quantile(stats, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return [lo, hi]
 
 
 @torch.no_grad()
@@ -154,7 +141,7 @@ def evaluate_reconstruction(
         zh = lh + b_U
         agree.append((arg_w == zh.argmax(-1)).float().cpu())
         logq = zh.log_softmax(-1)
-        kls.append(((logp.exp() * (logp - logq)).sum(-1) / LOG2).cpu())
+        kls.append((kl_divergence(logp, logq) / LOG2).cpu())
         for fam, val in fam_w.items():
             exact[fam].append(val.cpu())
         for fam, val in _family_scores(lh, h @ mean_row_hat, sb, sl).items():

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
+from tl_query_lens.primitives import normalise_rows, topk_relu_codes
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, decode_sparse, unembedding_rows
 from tl_query_lens.readout.states import StateBank, collect_states
 
@@ -126,8 +127,8 @@ def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> Non
 
 def sparse_decode(sae: ReadoutSAE, x: torch.Tensor) -> torch.Tensor:
     """x̂ = TopK(ReLU(x W_enc + b_enc)) · D, gathering only the k active decoder rows."""
-    top = (x @ sae.W_enc + sae.b_enc).topk(sae.cfg.k, dim=-1)
-    return decode_sparse(top.indices, torch.relu(top.values), sae.W_dec)
+    idx, val = topk_relu_codes(x @ sae.W_enc + sae.b_enc, sae.cfg.k)
+    return decode_sparse(idx, val, sae.W_dec)
 
 
 def _row_frequency(bank: StateBank, rows: torch.Tensor, b_U: torch.Tensor, top_n: int) -> torch.Tensor:
@@ -200,10 +201,7 @@ def fit_readout(
     freq = _row_frequency(states, rows, b_U, min(cfg.top_n, d_vocab))
 
     # Preprocessing (DESIGN §6): μ, a_t, x_t.
-    mu = rows.mean(0)
-    centred = rows - mu
-    norms = centred.norm(dim=-1)
-    x = centred / norms.clamp_min(torch.finfo(rows.dtype).tiny)[:, None]
+    mu, norms, x = normalise_rows(rows)
 
     sae_cfg = ReadoutSAEConfig(
         d_in=d_model, d_sae=width, d_vocab=d_vocab, k=cfg.k, dtype="float32", device=str(device),
@@ -239,9 +237,8 @@ def fit_readout(
             pairs = torch.randint(h_bank.shape[0], (cfg.batch_pairs,), generator=gen).to(device)
             tok = top1[pairs]
             batch = torch.cat([x[pick], x[tok]])
-            top = (batch @ sae.W_enc + sae.b_enc).topk(cfg.k, dim=-1)
-            vals = torch.relu(top.values)
-            x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[top.indices])
+            idx, vals = topk_relu_codes(batch @ sae.W_enc + sae.b_enc, cfg.k)
+            x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[idx])
             mse = F.mse_loss(x_hat[: len(pick)], batch[: len(pick)])
             h = h_bank[pairs]
             r = norms[tok, None] * (x[tok] - x_hat[len(pick):])  # r_t = w_t − (μ + a_t x̂_t)
@@ -255,7 +252,7 @@ def fit_readout(
             opt.step()
             with torch.no_grad():
                 sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8))
-                fired.index_add_(0, top.indices[: len(pick)][vals[: len(pick)] > 0],
+                fired.index_add_(0, idx[: len(pick)][vals[: len(pick)] > 0],
                                  torch.ones(int((vals[: len(pick)] > 0).sum()), device=device))
                 rows_seen += len(pick)
             if step % cfg.log_every == 0 or step == cfg.steps:
@@ -271,7 +268,7 @@ def fit_readout(
                 fired.zero_()
                 rows_seen = 0
         sae.store_codes(rows)
-        sae._bound_rows = rows  # decompose() needs no model= right after fitting
+        sae.bound_rows = rows  # decompose() needs no model= right after fitting
         usage = feature_usage(sae)
         final = {"dead_rate": (usage == 0).float().mean().item(),
                  "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),

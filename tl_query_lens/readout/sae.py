@@ -25,6 +25,8 @@ from sae_lens import SAE, SAEConfig, register_sae_class
 from sae_lens.registry import SAE_CLASS_REGISTRY
 from torch import nn
 
+from tl_query_lens.primitives import normalise_rows, topk_relu, topk_relu_codes
+
 logger = logging.getLogger(__name__)
 
 
@@ -78,6 +80,9 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         self.register_buffer("row_norms", torch.ones(cfg.d_vocab, **kw))
         self.register_buffer("code_indices", torch.zeros(cfg.d_vocab, cfg.k, dtype=torch.int64, device=self.device))
         self.register_buffer("code_values", torch.zeros(cfg.d_vocab, cfg.k, **kw))
+        # The LM-head rows set by :func:`~tl_query_lens.readout.decompose.bind` (not saved; moved by ``.to``).
+        self.register_buffer("bound_rows", None, persistent=False)
+        self._residual_cache: tuple | None = None
 
     # ----------------------------------------------------------------------------------------------- SAE interface
     @property
@@ -131,45 +136,32 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         return torch.cat([decode_sparse(i, v, self.W_dec) for i, v in zip(idx.split(chunk), val.split(chunk))]
                          ) + self.b_dec
 
-    def row_residuals(self, rows: Float[torch.Tensor, "d_vocab d_model"]) -> Float[torch.Tensor, "d_vocab d_model"]:
-        """r_t = w_t − ŵ_t for every row in float64, cached for these ``rows`` (recomputed when they or the weights
-        change)."""
-        return self._float64_rows(rows)[1]
-
     def _float64_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (rows.data_ptr(), tuple(rows.shape), rows._version, self.W_dec._version, self.code_values._version)
-        cached = getattr(self, "_residual_cache", None)
-        if cached is None or cached[0] != key:
+        # The cache holds ``rows`` itself, so ``is`` + version counters identify it (no reused data_ptr can alias).
+        versions = (rows._version, self.W_dec._version, self.b_dec._version, self.code_values._version)
+        cached = self._residual_cache
+        if cached is None or cached[0] is not rows or cached[1] != versions:
             with torch.no_grad():  # float64, so the identity holds to ~1e-12 whatever the score's size
                 W_dec = self.W_dec.double()
                 recon = torch.cat([decode_sparse(i, v, W_dec) for i, v in
                                    zip(self.code_indices.split(4096), self.code_values.split(4096))])
                 rows64 = rows.to(W_dec)
-                cached = (key, rows64, rows64 - recon - self.b_dec.double())
+                cached = (rows, versions, rows64, rows64 - recon - self.b_dec.double())
             self._residual_cache = cached
-        return cached[1], cached[2]
-
-    def beta(self, alpha: Float[torch.Tensor, " d_vocab"]) -> Float[torch.Tensor, " d_sae"]:
-        """β_i(α) = Σ_t α_t z_{t,i} (DESIGN §6), from the stored sparse codes; only rows with α_t ≠ 0 are read."""
-        rows = alpha.nonzero().squeeze(-1)
-        idx, val = self.code_indices[rows], self.code_values[rows]
-        weighted = (alpha[rows, None].to(val.dtype) * val).reshape(-1)
-        return torch.zeros(self.cfg.d_sae, dtype=val.dtype, device=val.device).index_add_(0, idx.reshape(-1), weighted)
+        return cached[2], cached[3]
 
     @torch.no_grad()
     def store_codes(self, rows: Float[torch.Tensor, "d_vocab d_model"], *, batch_size: int = 4096) -> None:
         """(Re)compute μ-centred norms and the sparse codes of every row from the current encoder."""
         if rows.shape != (self.cfg.d_vocab, self.cfg.d_in):
             raise ValueError(f"Expected rows of shape {(self.cfg.d_vocab, self.cfg.d_in)}, got {tuple(rows.shape)}.")
-        centred = rows.to(self.W_enc) - self.b_dec
-        norms = centred.norm(dim=-1)
+        _, norms, x = normalise_rows(rows.to(self.W_enc), self.b_dec)
         self.row_norms.copy_(norms)
-        x = centred / norms.clamp_min(torch.finfo(centred.dtype).tiny)[:, None]
         for start in range(0, rows.shape[0], batch_size):
             pre = torch.relu(x[start : start + batch_size] @ self.W_enc + self.b_enc)
-            top = pre.topk(self.cfg.k, dim=-1)
-            self.code_indices[start : start + batch_size] = top.indices
-            self.code_values[start : start + batch_size] = top.values * norms[start : start + batch_size, None]
+            idx, val = topk_relu_codes(pre, self.cfg.k)
+            self.code_indices[start : start + batch_size] = idx
+            self.code_values[start : start + batch_size] = val * norms[start : start + batch_size, None]
 
     # ------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -190,12 +182,6 @@ def decode_sparse(indices: torch.Tensor, values: torch.Tensor, W_dec: torch.Tens
     """Σ_i z_i d_i for sparse codes (indices, values) [n, k]: scatter to dense [n, F], then one matmul."""
     dense = torch.zeros(indices.shape[0], W_dec.shape[0], dtype=W_dec.dtype, device=W_dec.device)
     return dense.scatter_(1, indices, values.to(W_dec.dtype)) @ W_dec
-
-
-def topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
-    """TopK_k(ReLU(pre)) over the last axis (ties broken by torch.topk)."""
-    top = pre.topk(k, dim=-1)
-    return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
 
 
 def unembedding_rows(model) -> Float[torch.Tensor, "d_vocab d_model"]:
