@@ -54,7 +54,7 @@ def main() -> None:
     for hook in hooks:
         resid = cache[hook][:, 1:].reshape(-1, model.cfg.d_model)
         seq = torch.arange(frozen.shape[0]).repeat_interleave(frozen.shape[1] - 1)
-        res = cross_lens_check(sae, model, resid, ops_a[hook], ops_b[hook], sequence=seq, hook=hook)
+        res = cross_lens_check(model, sae, resid, ops_a[hook], ops_b[hook], sequence=seq, hook=hook)
         res.save(Path(args.out) / hook)
         summary[hook] = {k: getattr(res, k) for k in ("n_states", "token_disagreement", "feature_agreement",
                                                         "feature_agreement_ci", "null_shuffled", "null_random_token",

@@ -25,7 +25,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     model = load_model("smollm2-135m", device="cpu")
     start = time.perf_counter()
-    fit = fit_readout(model, out_dir=args.out, max_seconds=args.max_seconds)
+    fit = fit_readout(model, max_seconds=args.max_seconds)
+    fit.save(args.out)
     seconds = time.perf_counter() - start
     path = cached_sae_path("smollm2-135m", args.sae_id)
     fit.sae.save_model(path)

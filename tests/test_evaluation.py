@@ -179,14 +179,30 @@ def test_query_lens_signatures_plug_in():
 
 
 def test_cli_query_lens_evaluate_delegates(monkeypatch):
-    """`tlql query-lens --evaluate` runs `tlql ql-evaluate` with its layers, features, k and corpus options."""
-    from tl_query_lens.cli import main, ql_evaluate
+    """`tlql query-lens --evaluate` calls the Table-1 function with its layers, features, k and corpus options and
+    the protocol's defaults otherwise (no argv rebuilt)."""
+    import tl_query_lens
+    from tl_query_lens.cli import main
+    from tl_query_lens.query_lens import table1
 
+    model = tiny_model("gelu_ln")
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda src, tok, n_seqs, seq_len, split, seed=0:
+                        tiny_tokens(model, n_seqs, seq_len, seed=0 if split == "train" else 1))
     seen = {}
-    monkeypatch.setattr(ql_evaluate, "run", lambda args: seen.setdefault("args", args) and 0)
-    main(["query-lens", "--evaluate", "--layers", "3,5", "--features", "0-4", "--k", "10", "--n-seqs", "2",
-          "--no-wandb"])
-    args = seen["args"]
-    assert (args.command, args.layers, args.features, args.k, args.op_seqs, args.wandb) == (
-        "ql-evaluate", "3,5", "0-4", 10, 2, False)
-    assert args.kl_targets == "0.25,0.5" and args.n_contexts == 20 and args.n_generate == 20
+
+    class Stop(Exception):
+        pass
+
+    def fake(model, dictionaries, op_tokens, ev_tokens, *, cfg):
+        seen.update(layers=list(dictionaries), op=tuple(op_tokens.shape), ev=tuple(ev_tokens.shape), cfg=cfg)
+        raise Stop
+
+    monkeypatch.setattr(table1, "evaluate_table1", fake)
+    with pytest.raises(Stop):
+        main(["query-lens", "--evaluate", "--layers", "1,2", "--features", "0-4", "--k", "10", "--n-seqs", "2",
+              "--seq-len", "8", "--no-wandb"])
+    cfg = seen["cfg"]
+    assert seen["layers"] == [1, 2] and seen["op"] == (2, 8) and seen["ev"] == (512, 32)
+    assert (cfg.features, cfg.k, cfg.kl_targets, cfg.n_contexts, cfg.n_generate) == (
+        (0, 1, 2, 3, 4), 10, (0.25, 0.5), 20, 20)

@@ -25,7 +25,7 @@ def test_identity_every_family_embedded(embedded_model, tmp_path):
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     states = collect_states(model, tokens, [last, "blocks.20.hook_resid_post"])
     fit = fit_readout(model, states=states, width=1152, k=32, steps=5, batch_rows=128, batch_pairs=32,
-                      use_wandb=False, progress=False, out_dir=tmp_path)
+                      progress=False)
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens, names_filter=[last])
     h = model.ln_final(cache[last][0, -1]).float()

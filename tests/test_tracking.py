@@ -1,4 +1,5 @@
 import json
+import time
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -38,8 +39,13 @@ def test_offline_run_logs_table_and_artifact(tmp_path, monkeypatch):
         tracker.log_artifact("summary-files", [table_path])
         run_dir = tracker.run_dir
     assert table_path.read_text().splitlines()[1] == "0,0.5,a"  # on disk first
-    records = read_offline_records(next(run_dir.glob("*.wandb")))
-    kinds = [r.WhichOneof("record_type") for r in records]
+    deadline = time.monotonic() + 60
+    while True:  # wandb's offline writer may still be flushing the log after finish() returns
+        records = read_offline_records(next(run_dir.glob("*.wandb")))
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert "run" in kinds and "exit" in kinds
     logged = {}
     for r in records:

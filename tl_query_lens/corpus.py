@@ -153,6 +153,7 @@ def _get_tokenizer(tokenizer):
 def load_corpus(
     source: str | Path | Iterable[str] = "embedded",
     tokenizer=None,
+    *,
     n_seqs: int = 64,
     seq_len: int = 32,
     split: Split = "train",

@@ -72,16 +72,15 @@ class DemoOutputs:
 def _ffkv_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     import plotly.graph_objects as go
 
-    from tl_query_lens import FFKV, load_corpus
-    from tl_query_lens.dictionaries.splice import splice_metrics
+    from tl_query_lens import load_corpus
+    from tl_query_lens.dictionaries.splice import ffkv_summary
 
     tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.splice_seqs, seq_len=32, split="evaluation", seed=cfg.seed)
+    summary = ffkv_summary(model, cfg.ffkv_layers, tokens, k=cfg.k, dense=False)
+    summary.save(cfg.out / "ffkv")
     columns = ["layer", "alive_rate", "mean_l0", "explained_variance", "ce_delta_nats", "kl_nats"]
-    rows = []
-    for layer in cfg.ffkv_layers:
-        m = splice_metrics(model, FFKV.from_model(model, layer, "topk", k=cfg.k), tokens)
-        m.save(cfg.out / "ffkv" / f"layer{layer}")
-        rows.append([layer, m.alive_rate, m.mean_l0, m.explained_variance, m.ce_delta, m.kl])
+    rows = [[layer, m.alive_rate, m.mean_l0, m.explained_variance, m.ce_delta, m.kl]
+            for layer, m in summary.sparse.items()]
     tracker.log_table("ffkv_summary", columns, rows)
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[3] for r in rows], name="explained variance"))
@@ -107,13 +106,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
     gen = torch.Generator().manual_seed(cfg.seed)
     features = active[torch.randperm(active.numel(), generator=gen)[: cfg.n_features]].sort().values
     lens = QueryLens(model, tokens, cache_dir=cfg.operator_cache or cache_dir() / "operators")
-    sigs = {
-        "value_logit_lens": lens.value_signatures(ffkv, features, k=25, method="logit_lens"),
-        "value_full": lens.value_signatures(ffkv, features, k=25, method="full"),
-        "value_first_order": lens.value_signatures(ffkv, features, k=25, method="first_order"),
-        "key_logit_lens": lens.key_signatures(ffkv, features, k=25, method="logit_lens"),
-        "key_full": lens.key_signatures(ffkv, features, k=25, method="full"),
-    }
+    sigs = lens.signature_set(ffkv, features, k=25)  # the Table-1 method set
     rows = []
     for name, sig in sigs.items():
         sig.save(cfg.out / "query_lens" / name)
@@ -121,22 +114,22 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
             rows.append([name, feature, " ".join(repr(s) for s in (sig.top_strings or [[]] * len(sig))[row][:10])])
     tracker.log_table("query_lens_signatures", ["signature", "feature", "top tokens"], rows)
     cards = []
-    first_order = sigs["value_first_order"]
+    first_order = sigs["QL_VALUE_1st"]
     for row, feature in enumerate(features.tolist()):
         def lists(*names: str, row: int = row) -> list[TokenList]:
-            return [TokenList(n.replace("_", " "), sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
+            return [TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
                     for n in names if sigs[n].top_strings is not None]
 
         shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))
         top_shares = dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:8])
         cards.append(FeatureCard(f"layer {cfg.ql_layer} FF-KV feature {feature}",
-                                 key_lists=lists("key_logit_lens", "key_full"),
-                                 value_lists=lists("value_logit_lens", "value_full"), module_shares=top_shares,
+                                 key_lists=lists("LL_KEY", "QL_KEY"),
+                                 value_lists=lists("LL_VALUE", "QL_VALUE"), module_shares=top_shares,
                                  notes="per-module shares: first-order decomposition of the summed top-25 value "
                                        "scores, signed; over the direct term and every downstream module they sum to "
                                        "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
                                        "shown)"))
-    records = neuronpedia_features(sigs["value_full"], key=sigs["key_full"], model_id=model.cfg.model_name,
+    records = neuronpedia_features(sigs["QL_VALUE"], key=sigs["QL_KEY"], model_id=model.cfg.model_name,
                                    sae_id="ffkv")
     np_path = export_neuronpedia(cfg.out / "neuronpedia_features.json", records)
     section = Section(f"Query Lens vs logit lens — layer {cfg.ql_layer} FF-KV features", text=(
@@ -164,8 +157,10 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
         sae = SAE.load_from_disk(path)
         how = f"loaded from the cache {path}"
     else:
-        fit = fit_readout(model, preset="cpu", out_dir=cfg.out / "readout_fit", use_wandb=False,
-                          **cfg.readout_overrides)
+        fit = fit_readout(model, corpus=cfg.corpus, **cfg.readout_overrides)
+        if fit.history:
+            tracker.log_table("readout_train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
+        tracker.log_scalars("readout_fit", fit.final)
         sae = fit.sae
         sae.save_model(path)
         how = f"fitted in {fit.seconds:.0f} s ({cfg.readout_overrides or 'cpu preset'}) and cached at {path}"

@@ -117,7 +117,7 @@ def topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
 # ----- divergences ---------------------------------------------------------------------------------------------------
 def kl_divergence(
     logp: Float[torch.Tensor, "... d_vocab"], logq: Float[torch.Tensor, "... d_vocab"]
-) -> Float[torch.Tensor, "..."]:
+) -> Float[torch.Tensor, ...]:
     """KL(p ‖ q) in nats over the last axis, from log-probabilities (divide by :data:`LOG2` for bits)."""
     return (logp.exp() * (logp - logq)).sum(-1)
 

@@ -28,7 +28,7 @@ print("logit lens top-5:", model.to_str_tokens((h @ model.W_U + model.b_U).topk(
 
 # %%
 overrides = dict(width_mult=2, k=32, steps=40, n_seqs=4) if SMALL else {}
-fit = fit_readout(model, use_wandb=False, progress=False, **overrides)
+fit = fit_readout(model, progress=False, **overrides)
 fit.sae.save_model(f"{OUT}/readout")
 sae = SAE.load_from_disk(f"{OUT}/readout")  # an ordinary SAELens call returns a ReadoutSAE
 print(type(sae).__name__, "fitted in", round(fit.seconds), "s")

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from tl_query_lens import FFKV, load_corpus, load_model
-from tl_query_lens.query_lens import QueryLens
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
+from tl_query_lens.query_lens import QueryLens
 from tl_query_lens.query_lens.max_activating import input_scores, max_activating_contexts
 
 

@@ -28,6 +28,7 @@ from tl_query_lens.certify.bound import (
     min_sequences,
 )
 from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.results import SavableResult
@@ -93,7 +94,7 @@ class Certificate(SavableResult):
     config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("N_star", "N_star_occam"):  # JSON stores inf as a string
+        for name in ("N_star", "N_star_occam"):  # results saved before NaN/inf round-tripped hold "inf" strings
             setattr(self, name, float(getattr(self, name)))
 
     @property
@@ -238,12 +239,8 @@ def certify(
     calibration_tokens: Int[torch.Tensor, "batch pos"],
     evaluation_tokens: Int[torch.Tensor, "batch pos"],
     *,
-    k: int = 64,
-    delta: float = 0.05,
-    alpha: float = 0.5,
-    rule: Rule = "topk",
-    n_schedule: list[int] | None = None,
-    batch_size: int = 16,
+    cfg: CertifyConfig | None = None,
+    **overrides: Any,
 ) -> Certificate:
     """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; DESIGN §7).
 
@@ -252,14 +249,13 @@ def certify(
         sae: the dictionary; its reconstruction replaces the activation at its write hook (no error term).
         calibration_tokens: ``[n_cal, seq_len]``, builds the pool G*.
         evaluation_tokens: ``[N, seq_len]``, disjoint from calibration; prefixes give the bound-vs-N curve.
-        k: TopK size at evaluation (``rule="topk"``). delta: failure probability. alpha: loss smoothing.
-        rule: ``"topk"`` (k largest |codes| of ``sae.encode``) or ``"native"`` (the SAE's own codes).
-        n_schedule: prefix sizes for the curve. batch_size: sequences per forward pass.
+        cfg: a :class:`CertifyConfig`; keyword ``overrides`` (``k=``, ``delta=``, ``alpha=``, ``rule=``,
+            ``n_schedule=``, ``batch_size=``) replace single fields.
 
     Raises:
         ValueError: overlapping splits, N below the minimum for a non-trivial bound, width mismatch.
         KeyError: the SAE's hook is not in the model.
     """
-    cfg = CertifyConfig(k=k, delta=delta, alpha=alpha, rule=rule, n_schedule=n_schedule, batch_size=batch_size)
-    splice = Splice(sae, rule=rule, k=k)
+    cfg = resolve_config(CertifyConfig, cfg, overrides)
+    splice = Splice(sae, rule=cfg.rule, k=cfg.k)
     return certify_many(model, {"proxy": splice}, calibration_tokens, evaluation_tokens, cfg)["proxy"]

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.certify.certify import CertifyConfig
     from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
     from tl_query_lens.certify.sweep import LayerSweep, certify_layers
     from tl_query_lens.tracking import Tracker
@@ -77,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
                      seed=args.seed)
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    sweep = certify_layers(model, saes, cal, ev, k=args.k, delta=args.delta, alpha=args.alpha, rule=args.rule,
-                           batch_size=args.batch_size, shuffle=_shuffle_labels(args.shuffle), seed=args.seed)
+    cfg = CertifyConfig(k=args.k, delta=args.delta, alpha=args.alpha, rule=args.rule, batch_size=args.batch_size)
+    sweep = certify_layers(model, saes, cal, ev, shuffle=_shuffle_labels(args.shuffle), seed=args.seed, cfg=cfg)
     sweep.save(out)
     with Tracker(out, project=args.wandb_project, name="certify", config=config, use_wandb=args.wandb) as tracker:
         table = tracker.log_table("certificates", list(LayerSweep.COLUMNS), sweep.rows())

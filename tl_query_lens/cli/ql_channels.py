@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tl_query_lens import FFKV, load_corpus, load_model
     from tl_query_lens.operators import module_operators
-    from tl_query_lens.query_lens.channels import channel_analysis
+    from tl_query_lens.query_lens.channels import ChannelConfig, channel_analysis
     from tl_query_lens.tracking import Tracker
 
     start = time.time()
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     ops = module_operators(model, tokens, op_layers, cache_dir=args.cache_dir or out / "operators")
     operators = {name: ops[name] for name in ops}
     values = {layer: FFKV.from_model(model, layer).W_dec.detach() for layer in sources}
-    result = channel_analysis(values, operators, n_layers=L, destination=args.destination,
-                              fits=tuple(args.fits.split(",")), rank=args.rank, epochs=args.epochs,
-                              n_permutations=args.n_permutations)
+    cfg = ChannelConfig(destination=args.destination, fits=tuple(args.fits.split(",")), rank=args.rank,
+                        epochs=args.epochs, n_permutations=args.n_permutations)
+    result = channel_analysis(values, operators, n_layers=L, cfg=cfg)
     result.save(out / "channels")
     elapsed = time.time() - start
     config = {k: v for k, v in vars(args).items() if k != "func"}

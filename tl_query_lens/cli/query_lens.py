@@ -41,39 +41,36 @@ def parse_features(text: str, d_sae: int) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.evaluate:
+        from tl_query_lens.cli.ql_evaluate import run_table1
+
+        return run_table1(args, layers=args.layers, features=args.features, k=args.k, op_seqs=args.n_seqs,
+                          op_seq_len=args.seq_len)
+
     from pathlib import Path
 
     from tl_query_lens import FFKV, QueryLens, load_corpus, load_model
     from tl_query_lens.tracking import Tracker
 
-    if args.evaluate:
-        from tl_query_lens.cli.ql_evaluate import run_from_query_lens_args
-
-        return run_from_query_lens_args(args)
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
     tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="train", seed=args.seed)
     lens = QueryLens(model, tokens, skip_positions=args.skip_positions, chunk=args.chunk, cache_dir=args.cache_dir)
     sides = ["value", "key"] if args.side == "both" else [args.side]
-    hooks = {"value": [f"blocks.{layer}.hook_resid_post" for layer in layers],
-             "key": [f"blocks.{layer}.ln2.hook_normalized" for layer in layers]}
-    if args.method != "logit_lens":  # one engine sweep per side for all layers
-        lens.precompute(value_hooks=hooks["value"] if "value" in sides and args.method == "full" else (),
-                        key_hooks=hooks["key"] if "key" in sides else (),
-                        module_layers=range(min(layers), model.cfg.n_layers)
-                        if "value" in sides and args.method == "first_order" else ())
+    key_method = "full" if args.method == "first_order" else args.method  # first_order is a value-side method
+    saes = {layer: FFKV.from_model(model, layer) for layer in layers}
+    lens.precompute(list(saes.values()), value_methods={args.method} if "value" in sides else set(),
+                    key_methods={key_method} if "key" in sides else set())  # one engine sweep per kind
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     with Tracker(out, project=args.wandb_project, name="query_lens", config=config, use_wandb=args.wandb) as tracker:
-        for layer in tqdm(layers, desc="layers"):
-            sae = FFKV.from_model(model, layer)
+        for layer, sae in tqdm(saes.items(), desc="layers"):
             features = parse_features(args.features, sae.cfg.d_sae)
             for side in sides:
                 if side == "value":
                     sig = lens.value_signatures(sae, features, k=args.k, method=args.method)
                 else:
-                    method = "full" if args.method == "first_order" else args.method
-                    sig = lens.key_signatures(sae, features, k=args.k, method=method)
+                    sig = lens.key_signatures(sae, features, k=args.k, method=key_method)
                 folder = sig.save(out / f"layer{layer}_{side}")
                 columns, rows = sig.to_table()
                 tracker.log_table(f"signatures_layer{layer}_{side}", columns, rows)

@@ -24,6 +24,8 @@ def add_parser(subparsers) -> None:
     fit.add_argument("--k", type=int, default=None)
     fit.add_argument("--steps", type=int, default=None)
     fit.add_argument("--max-seconds", type=float, default=None, help="stop early after this wall time")
+    fit.add_argument("--n-seqs", type=int, default=None, help="corpus sequences (train split) for the state bank")
+    fit.add_argument("--seq-len", type=int, default=None)
     fit.add_argument("--save", default=None, help="folder to save to (default: the user cache, used by from_pretrained)")
     fit.set_defaults(func=run_fit)
 
@@ -70,15 +72,25 @@ def _token_id(model, text: str) -> int:
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from tl_query_lens import load_corpus, load_model
-    from tl_query_lens.readout.fit import fit_readout
+    from tl_query_lens import load_model
+    from tl_query_lens.readout.fit import ReadoutFitConfig, fit_readout
     from tl_query_lens.readout.registry import cached_sae_path
+    from tl_query_lens.tracking import Tracker
 
     model = load_model(args.model, device=args.device)
-    overrides = {k: getattr(args, k) for k in ("width", "k", "steps", "max_seconds") if getattr(args, k) is not None}
-    tokens = load_corpus(args.corpus, model, n_seqs=32, seq_len=32, split="train", seed=args.seed)
-    fit = fit_readout(model, tokens, preset=args.preset, out_dir=args.out, use_wandb=args.wandb,
-                      wandb_project=args.wandb_project, seed=args.seed, **overrides)
+    options = ("width", "k", "steps", "max_seconds", "n_seqs", "seq_len")
+    overrides = {k: getattr(args, k) for k in options if getattr(args, k) is not None}
+    cfg = ReadoutFitConfig.preset(args.preset, corpus=args.corpus, seed=args.seed, **overrides)
+    fit = fit_readout(model, cfg=cfg)
+    fit.save(args.out)
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    with Tracker(args.out, project=args.wandb_project, name="readout-fit", config=config,
+                 use_wandb=args.wandb) as tracker:
+        for record in fit.history:
+            tracker.log_scalars("train", record, step=int(record["step"]))
+        tracker.log_scalars("final", fit.final)
+        if fit.history:
+            tracker.log_table("train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
     target = Path(args.save) if args.save else cached_sae_path(args.model, args.sae_id or args.preset)
     fit.sae.save_model(target)
     print(f"Readout SAE saved to {target} ({fit.seconds:.0f} s): " + json.dumps(fit.final))
@@ -130,26 +142,34 @@ def run_decompose(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from tl_query_lens import load_corpus, load_model
-    from tl_query_lens.readout import baselines as bl
     from tl_query_lens.readout import collect_states
-    from tl_query_lens.readout.evaluate import evaluate_readout
+    from tl_query_lens.readout.evaluate import ReadoutEvalConfig, evaluate_readout
     from tl_query_lens.tracking import Tracker
 
     model = load_model(args.model, device=args.device)
     sae = _load_sae(args)
+    cfg = ReadoutEvalConfig() if args.baselines is None else ReadoutEvalConfig(
+        baselines=tuple(b for b in args.baselines.split(",") if b))
     tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation",
                          seed=args.seed)
-    states = collect_states(model, tokens)
-    names = bl.BASELINE_ORDER if args.baselines is None else [b for b in args.baselines.split(",") if b]
+    report = evaluate_readout(model, sae, collect_states(model, tokens), cfg=cfg)
+    report.save(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     with Tracker(args.out, project=args.wandb_project, name="readout-eval", config=config,
                  use_wandb=args.wandb) as tracker:
-        report = evaluate_readout(sae, model, states, baselines=names, tracker=tracker)
-        report.save(args.out)
+        for res in [report.srp, *report.baselines.values()]:
+            scalars = {k: v for k, v in asdict(res).items() if isinstance(v, float)}
+            tracker.log_scalars("srp" if res.method == "srp" else f"baseline_{res.method}", scalars)
+        if report.ablation is not None:
+            tracker.log_scalars("ablation", asdict(report.ablation))
+        tracker.log_table("readout_vs_baselines", *report.table())
     cols, rows = report.table()
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r))
-    print("ablation: " + json.dumps(report.ablation))
+    if report.ablation is not None:
+        print("ablation: " + json.dumps(asdict(report.ablation)))
     return 0

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
+from tqdm import tqdm
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.primitives import kl_divergence
 from tl_query_lens.results import SavableResult
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,3 +96,78 @@ def _ce_sum(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     return F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1), reduction="sum"
     ).item()
+
+
+@dataclass
+class FFKVSummaryConfig:
+    """Options of :func:`ffkv_summary`.
+
+    Attributes:
+        k: TopK size of the sparse FF-KV splice.
+        dense: also splice the vanilla (dense, exact) FF-KV dictionary.
+        batch_size: sequences per forward pass.
+    """
+
+    k: int = 64
+    dense: bool = True
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.batch_size < 1:
+            raise ValueError(f"k and batch_size must be ≥ 1, got k={self.k}, batch_size={self.batch_size}.")
+
+
+@dataclass
+class FFKVSummary(SavableResult):
+    """Splice metrics of FF-KV dictionaries per layer.
+
+    Attributes:
+        k: TopK size of the sparse splice.
+        sparse: layer → metrics of the TopK-k FF-KV splice.
+        dense: layer → metrics of the vanilla FF-KV splice (empty when not asked for).
+    """
+
+    k: int
+    sparse: dict[int, SpliceMetrics]
+    dense: dict[int, SpliceMetrics] = field(default_factory=dict)
+
+    COLUMNS = ("layer", "alive_rate_vanilla", "alive_rate_topk", "mean_l0_topk", "ev_vanilla", "ev_topk", "ce_clean",
+               "ce_delta_topk", "kl_topk")
+
+    def rows(self) -> list[list]:
+        """One row per layer, columns :attr:`COLUMNS` (vanilla columns None without ``dense``)."""
+        rows = []
+        for layer, s in self.sparse.items():
+            d = self.dense.get(layer)
+            rows.append([layer, d and d.alive_rate, s.alive_rate, s.mean_l0, d and d.explained_variance,
+                         s.explained_variance, s.ce_clean, s.ce_delta, s.kl])
+        return rows
+
+    def _subfolder(self, name: str, key=None) -> str:
+        if key is None:
+            return name
+        return f"layer{key}" if name == "sparse" else f"layer{key}_vanilla"
+
+
+def ffkv_summary(
+    model: HookedSAETransformer,
+    layers: Sequence[int],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    cfg: FFKVSummaryConfig | None = None,
+    **overrides: Any,
+) -> FFKVSummary:
+    """Splice the TopK-k (and the vanilla) FF-KV dictionary of each layer and measure it on ``tokens``."""
+    from tl_query_lens.dictionaries.ffkv import FFKV
+
+    cfg = resolve_config(FFKVSummaryConfig, cfg, overrides)
+    sparse, dense = {}, {}
+    for layer in tqdm(list(layers), desc="FF-KV layers", leave=False):
+        if cfg.dense:
+            dense[layer] = splice_metrics(model, FFKV.from_model(model, layer, "vanilla"), tokens,
+                                          batch_size=cfg.batch_size)
+        sparse[layer] = splice_metrics(model, FFKV.from_model(model, layer, "topk", k=cfg.k), tokens,
+                                       batch_size=cfg.batch_size)
+        logger.info("layer %d: TopK-%d EV %.3f, CE change %+.4f nats", layer, cfg.k,
+                    sparse[layer].explained_variance, sparse[layer].ce_delta)
+    return FFKVSummary(k=cfg.k, sparse=sparse, dense=dense)

@@ -15,11 +15,12 @@ import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.results import SavableResult
 
@@ -227,7 +228,8 @@ def channel_analysis(
     operators: Mapping[str, Float[torch.Tensor, "d_model d_model"]],
     *,
     n_layers: int,
-    **options,
+    cfg: ChannelConfig | None = None,
+    **overrides: Any,
 ) -> ChannelAnalysis:
     """Fit the channels of every (source layer, downstream module) pair and compare their column spaces.
 
@@ -236,9 +238,9 @@ def channel_analysis(
         operators: module operators ``blocks.k.attn`` / ``blocks.k.mlp`` → ``[d_model, d_model]``; every module with
             k > l is used for source l.
         n_layers: the model's L (for the default rank d/L).
-        **options: :class:`ChannelConfig` fields.
+        cfg / overrides: a :class:`ChannelConfig`; keyword overrides replace single fields.
     """
-    cfg = ChannelConfig(**options)
+    cfg = resolve_config(ChannelConfig, cfg, overrides)
     d = next(iter(values_by_source.values())).shape[1]
     rank = cfg.rank or max(1, d // n_layers)
     names, sources, dests, modules, fits = [], [], [], [], {f: {} for f in cfg.fits}

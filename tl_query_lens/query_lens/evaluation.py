@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import (
@@ -143,6 +145,36 @@ class SignatureEvaluation(SavableResult):
             rows.append(row)
         return rows
 
+    def per_feature_table(self) -> tuple[list[str], list[list]]:
+        """``(columns, rows)``: one row per feature with α, achieved KL and every method's scores."""
+        targets = [f"{t:g}" for t in self.kl_targets]
+        columns = ["layer", "feature"] + [f"alpha@{t}" for t in targets] + [f"kl@{t}" for t in targets]
+        for m in self.methods:
+            columns += [f"{m}_input"] + [f"{m}_output@{t}" for t in targets]
+        rows = []
+        for j in range(self.features.numel()):
+            row = [int(self.layers[j]), int(self.features[j])]
+            row += [float(self.alphas[t, j]) for t in range(len(targets))]
+            row += [float(self.achieved_kl[t, j]) for t in range(len(targets))]
+            for m in range(len(self.methods)):
+                row += [float(self.input_scores[m, j])]
+                row += [float(self.output_scores[m, t, j]) for t in range(len(targets))]
+            rows.append(row)
+        return columns, rows
+
+    @staticmethod
+    def format_summary(rows: list[dict], paper: Mapping[str, tuple[float, float]] | None = None) -> str:
+        """Markdown table of :meth:`summary` rows: mean [95% CI] in percent per method (``paper`` numbers beside)."""
+        paper = paper or {}
+        outs = [k for k in rows[0] if k.startswith("output@") and not k.endswith(("_lo", "_hi"))]
+        head = "| method | Input % | " + " | ".join(f"Output % (KL {k[7:]})" for k in outs) + " | paper Input/Output |"
+        lines = [head, "|" + "---|" * (3 + len(outs))]
+        for r in rows:
+            cells = [f"{r[key]:.2f} [{r[key + '_lo']:.2f}, {r[key + '_hi']:.2f}]" for key in ("input", *outs)]
+            ref = paper.get(r["method"])
+            lines.append(f"| {r['method']} | " + " | ".join(cells) + f" | {f'{ref[0]} / {ref[1]}' if ref else '—'} |")
+        return "\n".join(lines)
+
 
 @torch.no_grad()
 def kl_matched_alphas(
@@ -261,7 +293,8 @@ def evaluate_signatures(
     contexts: MaxActivations | None = None,
     tokenizer=None,
     prompt_tokens: Sequence[torch.Tensor] | None = None,
-    **options,
+    cfg: EvaluationConfig | None = None,
+    **overrides: Any,
 ) -> SignatureEvaluation:
     """Table-1 input and output scores of token signatures of one dictionary's features (DESIGN §5).
 
@@ -271,12 +304,13 @@ def evaluate_signatures(
         tokens: corpus searched for max-activating contexts (each row is one context).
         methods: name → ``[n_features, k]`` top token ids of the features, in ``features`` order (any method).
         features: feature ids.
-        contexts: max-activating contexts computed earlier (else computed and cached per dictionary and corpus).
+        contexts: max-activating contexts computed earlier (else computed here).
         tokenizer: decodes ids for the input score (default ``model.tokenizer``).
         prompt_tokens: neutral prompts as token ids (default: ``cfg.prompts`` tokenised by the model).
-        **options: :class:`EvaluationConfig` fields (n_contexts, kl_targets, n_generate, temperature, seed, ...).
+        cfg / overrides: an :class:`EvaluationConfig`; keyword overrides (n_contexts, kl_targets, n_generate,
+            temperature, seed, ...) replace single fields.
     """
-    cfg = EvaluationConfig(**options)
+    cfg = resolve_config(EvaluationConfig, cfg, overrides)
     view = as_key_value(dictionary, model)
     features = view.feature_ids(features)
     methods = _check_methods(methods, len(features), model.cfg.d_vocab)

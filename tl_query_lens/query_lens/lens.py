@@ -28,7 +28,7 @@ tokens; shares sum to 1 and may be negative (a module that works against the sig
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 import torch
@@ -49,6 +49,14 @@ logger = logging.getLogger(__name__)
 
 ValueMethod = Literal["full", "first_order", "logit_lens"]
 KeyMethod = Literal["full", "logit_lens"]
+# The method set of the paper's Table 1: name → (side, method).
+SIGNATURE_METHODS: dict[str, tuple[str, str]] = {
+    "LL_KEY": ("key", "logit_lens"),
+    "LL_VALUE": ("value", "logit_lens"),
+    "QL_KEY": ("key", "full"),
+    "QL_VALUE": ("value", "full"),
+    "QL_VALUE_1st": ("value", "first_order"),
+}
 
 
 def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
@@ -94,9 +102,26 @@ class QueryLens:
         self.n_tokens = int(self.tokens[:, skip_positions:].numel())
 
     # ----- operators ----------------------------------------------------------------------------------------------
-    def precompute(self, *, value_hooks: Sequence[str] = (), key_hooks: Sequence[str] = (),
-                   module_layers: Sequence[int] = ()) -> None:
-        """Compute every missing operator of the given kinds, one engine sweep per kind."""
+    def precompute(self, dictionaries: Sequence[Any] = (), *, value_methods: Collection[str] = ("full",),
+                   key_methods: Collection[str] = ("full",), value_hooks: Sequence[str] = (),
+                   key_hooks: Sequence[str] = (), module_layers: Sequence[int] = ()) -> None:
+        """Compute every missing operator the given dictionaries (and/or hooks) need, one engine sweep per kind.
+
+        Args:
+            dictionaries: anything :func:`~tl_query_lens.as_key_value` accepts; their hooks decide the operators.
+            value_methods / key_methods: the signature methods that will be asked for (``"logit_lens"`` needs no
+                operator, ``"full"`` the value / key operator, ``"first_order"`` the downstream module operators).
+            value_hooks / key_hooks / module_layers: operators by hook name / block, for dictionaries-free use.
+        """
+        value_hooks, key_hooks, module_layers = list(value_hooks), list(key_hooks), list(module_layers)
+        for dictionary in dictionaries:
+            view = as_key_value(dictionary, self.model)
+            if "full" in value_methods:
+                value_hooks.append(view.value_hook)
+            if "first_order" in value_methods:
+                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]
+            if "full" in key_methods:
+                key_hooks.append(view.read_hook)
         missing = [h for h in dict.fromkeys(value_hooks) if h not in self._value]
         if missing:
             self._store(self._value, value_operators(self.model, self.tokens, missing, **self._engine))
@@ -182,6 +207,20 @@ class QueryLens:
         return self._rank(gradients, ids, view, side="key", method=method, k=k, readout="embed_centred",
                           add_bias=False, center=self.corpus_center())
 
+    def signature_set(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
+                      k: int = 25, methods: Sequence[str] = tuple(SIGNATURE_METHODS)) -> dict[str, Signatures]:
+        """Signatures of the same features by several methods, named as in the paper's Table 1 (``LL_KEY``,
+        ``LL_VALUE``, ``QL_KEY``, ``QL_VALUE``, ``QL_VALUE_1st``; see :data:`SIGNATURE_METHODS`)."""
+        unknown = [m for m in methods if m not in SIGNATURE_METHODS]
+        if unknown:
+            raise ValueError(f"Unknown signature methods {unknown}; choose from {list(SIGNATURE_METHODS)}.")
+        out = {}
+        for name in methods:
+            side, method = SIGNATURE_METHODS[name]
+            signatures = self.value_signatures if side == "value" else self.key_signatures
+            out[name] = signatures(dictionary, features, k=k, method=method)  # type: ignore[arg-type]
+        return out
+
     # ----- internals ----------------------------------------------------------------------------------------------
     def _view(self, dictionary: Any, features, k: int) -> tuple[KeyValueView, torch.Tensor]:
         view = as_key_value(dictionary, self.model)
@@ -201,7 +240,7 @@ class QueryLens:
         centred = raw - raw.mean(-1, keepdim=True) if centre else raw
         inv_scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
         weight = getattr(norm, "w", None)
-        weight = torch.ones(raw.shape[-1]) if weight is None else weight.detach().float()
+        weight = torch.ones(raw.shape[-1], device=raw.device) if weight is None else weight.detach().float()
         return inv_scale, weight, centre
 
     def _contributions(self, raw: torch.Tensor, terms: list[torch.Tensor],

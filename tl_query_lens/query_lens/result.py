@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.results import SavableResult
-
-Readout = Literal["unembed", "embed", "embed_centred"]
 
 
 @dataclass

@@ -66,8 +66,8 @@ def dominant_features(sae: ReadoutSAE, rows: torch.Tensor, states: torch.Tensor,
 
 @torch.no_grad()
 def cross_lens_check(
-    sae: ReadoutSAE,
     model,
+    sae: ReadoutSAE,
     resid: torch.Tensor,
     operator_a: torch.Tensor,
     operator_b: torch.Tensor,
@@ -79,14 +79,16 @@ def cross_lens_check(
     """Compare dominant readout features of two Jacobian lenses on the same frozen residuals.
 
     Args:
-        sae: readout SAE of ``model``.
         model: the model (LN_f, W_U).
+        sae: readout SAE of ``model``.
         resid: frozen residuals [n, d_model] at ``hook``.
         operator_a, operator_b: value operators M_l fitted on two corpora.
         sequence: source sequence of each state (bootstrap clusters; default one cluster per state).
     """
     from tl_query_lens.primitives import cluster_bootstrap
 
+    if isinstance(model, ReadoutSAE):
+        raise TypeError("cross_lens_check takes (model, sae, ...): the model comes first, as in every method.")
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
@@ -210,11 +211,19 @@ def vocab_mean_contrast(token: int, d_vocab: int) -> torch.Tensor:
     return token_logit(token, d_vocab) - 1.0 / d_vocab
 
 
+class Contrast(NamedTuple):
+    """A score and the tokens it contrasts: ``alpha`` = e_top1 − e_competitor."""
+
+    alpha: Float[torch.Tensor, " d_vocab"]
+    top1: int
+    competitor: int
+
+
 @torch.no_grad()
-def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) -> tuple[torch.Tensor, int, int]:
+def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) -> Contrast:
     """α = e_top1 − e_competitor for state h under the dense head; the competitor defaults to the runner-up.
 
-    Returns ``(alpha, top1, competitor)``.
+    Returns a :class:`Contrast` (``alpha``, ``top1``, ``competitor``; unpacks like a tuple).
     """
     logits = check_state(h, model.cfg.d_model).reshape(-1).float() @ model.W_U.float() + model.b_U.float()
     top2 = logits.topk(2).indices.tolist()
@@ -223,4 +232,4 @@ def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) ->
         competitor = top2[1]
     if competitor == top1:
         raise ValueError(f"The competitor {competitor} is the top-1 token itself; choose another token.")
-    return margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor)
+    return Contrast(margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor))

@@ -10,7 +10,6 @@ h·Σ α_t ŵ_t = bias + Σ_i c_i, and the residual ε = s_exact − s_recon.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch

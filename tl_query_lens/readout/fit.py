@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -24,9 +23,11 @@ import torch.nn.functional as F
 from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, decode_sparse, unembedding_rows
 from tl_query_lens.readout.states import StateBank, collect_states
+from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ReadoutFitConfig:
         lambda_prism, code_l2: loss weights.
         frequency_share: share of each row batch drawn by top-``top_n`` frequency (the rest uniform).
         top_n: how many top tokens per state count for the frequency.
-        n_seqs, seq_len: corpus size for the state bank when ``tokens`` is None.
+        corpus, n_seqs, seq_len: the corpus (train split) read when no tokens are given.
         rare_rows: after the fit, a feature used by 1..rare_rows−1 vocabulary rows counts as rare (0: dead).
             During training the window rates count fires over the rows of the last ``log_every`` steps:
             dead = no fire, rare = fired on under 1e-4 of those rows.
@@ -70,6 +71,7 @@ class ReadoutFitConfig:
     code_l2: float = 1e-6
     frequency_share: float = 0.5
     top_n: int = 8
+    corpus: str = "embedded"
     n_seqs: int = 32
     seq_len: int = 32
     rare_rows: int = 10
@@ -100,8 +102,8 @@ class ReadoutFitConfig:
 
 
 @dataclass
-class ReadoutFit:
-    """A fitted readout SAE and its training record."""
+class ReadoutFit(SavableResult):
+    """A fitted readout SAE and its training record (``history``: one record per ``log_every`` steps)."""
 
     sae: ReadoutSAE
     config: ReadoutFitConfig
@@ -150,34 +152,26 @@ def fit_readout(
     model,
     tokens: torch.Tensor | None = None,
     *,
-    preset: Preset = "cpu",
-    config: ReadoutFitConfig | None = None,
     states: StateBank | None = None,
-    out_dir: str | Path | None = None,
-    use_wandb: bool = True,
-    wandb_project: str = "tl_query_lens",
+    cfg: ReadoutFitConfig | None = None,
     progress: bool = True,
     **overrides,
 ) -> ReadoutFit:
-    """Fit a readout SAE to ``model``'s LM-head rows (DESIGN §6).
+    """Fit a readout SAE to ``model``'s LM-head rows (DESIGN §6); no files, no W&B (the caller logs ``history``).
 
     Args:
         model: a TransformerLens model.
-        tokens: corpus tokens for the (state, top-1 token) pairs; None loads the embedded corpus' train split.
-        preset: ``"cpu"`` (default sizes) or ``"paper"``; keyword overrides (``width=``, ``k=``, ``steps=``, …)
-            replace single fields.
-        config: a full :class:`ReadoutFitConfig` instead of preset + overrides.
-        states: a ready :class:`StateBank` (skips the forward passes).
-        out_dir: folder for the training log (``train_history.csv``, scalars); None: ``<cache>/readout/runs/<model>``.
-        use_wandb: log losses and dead/rare rates to W&B through :class:`~tl_query_lens.tracking.Tracker`.
+        tokens: corpus tokens for the (state, top-1 token) pairs; None: ``cfg.n_seqs`` × ``cfg.seq_len`` tokens of
+            the train split of ``cfg.corpus``.
+        states: a ready :class:`StateBank` instead (skips the forward passes).
+        cfg: a :class:`ReadoutFitConfig` (``ReadoutFitConfig.preset("paper")`` for the paper's GPU recipe);
+            keyword ``overrides`` (``width=``, ``k=``, ``steps=``, …) replace single fields.
+        progress: show a progress bar.
 
     Returns:
         :class:`ReadoutFit` with the SAE (codes of every row stored), config, wall time and loss history.
     """
-    from tl_query_lens.models import cache_dir
-    from tl_query_lens.tracking import Tracker
-
-    cfg = replace(config, **overrides) if config is not None else ReadoutFitConfig.preset(preset, **overrides)
+    cfg = resolve_config(ReadoutFitConfig, cfg, overrides)
     start_time = time.perf_counter()
     device = torch.device(model.cfg.device)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -193,7 +187,7 @@ def fit_readout(
 
             if getattr(model, "tokenizer", None) is None:
                 raise ValueError("The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...).")
-            tokens = load_corpus("embedded", model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
+            tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
         states = collect_states(model, tokens)
     h_bank = states.states.to(device)
     top1 = states.top1.to(device)
@@ -218,65 +212,58 @@ def fit_readout(
     n_freq = int(round(cfg.batch_rows * cfg.frequency_share)) if freq.sum() > 0 else 0
     freq_probs = freq / freq.sum().clamp_min(1)
 
-    out_dir = Path(out_dir) if out_dir is not None else cache_dir() / "readout" / "runs" / _slug(model.cfg.model_name)
     history: list[dict[str, float]] = []
     fired = torch.zeros(width, device=device)
     rows_seen = 0
-    with Tracker(out_dir, project=wandb_project, name="readout-fit", config=asdict(cfg) | {"width": width},
-                 use_wandb=use_wandb) as tracker:
-        bar = tqdm(range(1, cfg.steps + 1), desc="readout SAE fit", disable=not progress)
-        steps_done = 0
-        for step in bar:
-            if cfg.max_seconds is not None and time.perf_counter() - start_time > cfg.max_seconds:
-                logger.warning("Stopping at step %d of %d: max_seconds=%s reached.", step - 1, cfg.steps, cfg.max_seconds)
-                break
-            steps_done = step
-            pick = torch.cat([torch.multinomial(freq_probs, n_freq, replacement=True, generator=gen) if n_freq else
-                              torch.empty(0, dtype=torch.long),
-                              torch.randint(d_vocab, (cfg.batch_rows - n_freq,), generator=gen)]).to(device)
-            pairs = torch.randint(h_bank.shape[0], (cfg.batch_pairs,), generator=gen).to(device)
-            tok = top1[pairs]
-            batch = torch.cat([x[pick], x[tok]])
-            idx, vals = topk_relu_codes(batch @ sae.W_enc + sae.b_enc, cfg.k)
-            x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[idx])
-            mse = F.mse_loss(x_hat[: len(pick)], batch[: len(pick)])
-            h = h_bank[pairs]
-            r = norms[tok, None] * (x[tok] - x_hat[len(pick):])  # r_t = w_t − (μ + a_t x̂_t)
-            ratio = (h * r).sum(-1) / (h * rows[tok]).sum(-1).abs().clamp_min(1e-6)
-            prism = ratio.pow(2).mean()
-            code_pen = vals[: len(pick)].pow(2).sum() / (len(pick) * width)  # mean over all F code entries
-            loss = mse + cfg.lambda_prism * prism + cfg.code_l2 * code_pen
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            opt.step()
-            with torch.no_grad():
-                sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8))
-                fired.index_add_(0, idx[: len(pick)][vals[: len(pick)] > 0],
-                                 torch.ones(int((vals[: len(pick)] > 0).sum()), device=device))
-                rows_seen += len(pick)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                record = {"step": step, "loss": loss.item(), "mse": mse.item(), "prism": prism.item(),
-                          "code_l2": code_pen.item(), "row_ev_batch": 1.0 - mse.item() * d_model,
-                          "dead_rate_window": (fired == 0).float().mean().item(),
-                          "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
-                          "seconds": time.perf_counter() - start_time}
-                history.append(record)
-                tracker.log_scalars("train", record, step=step)
-                bar.set_postfix(mse=f"{record['mse']:.2e}", prism=f"{record['prism']:.3f}",
-                                dead=f"{record['dead_rate_window']:.2f}")
-                fired.zero_()
-                rows_seen = 0
-        sae.store_codes(rows)
-        sae.bound_rows = rows  # decompose() needs no model= right after fitting
-        usage = feature_usage(sae)
-        final = {"dead_rate": (usage == 0).float().mean().item(),
-                 "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),
-                 "row_ev": row_explained_variance(sae, rows), "seconds": time.perf_counter() - start_time,
-                 "width": width, "k": cfg.k, "steps": steps_done}
-        tracker.log_scalars("final", final)
-        if history:
-            tracker.log_table("train_history", list(history[0]), [list(r.values()) for r in history])
+    bar = tqdm(range(1, cfg.steps + 1), desc="readout SAE fit", disable=not progress)
+    steps_done = 0
+    for step in bar:
+        if cfg.max_seconds is not None and time.perf_counter() - start_time > cfg.max_seconds:
+            logger.warning("Stopping at step %d of %d: max_seconds=%s reached.", step - 1, cfg.steps, cfg.max_seconds)
+            break
+        steps_done = step
+        pick = torch.cat([torch.multinomial(freq_probs, n_freq, replacement=True, generator=gen) if n_freq else
+                          torch.empty(0, dtype=torch.long),
+                          torch.randint(d_vocab, (cfg.batch_rows - n_freq,), generator=gen)]).to(device)
+        pairs = torch.randint(h_bank.shape[0], (cfg.batch_pairs,), generator=gen).to(device)
+        tok = top1[pairs]
+        batch = torch.cat([x[pick], x[tok]])
+        idx, vals = topk_relu_codes(batch @ sae.W_enc + sae.b_enc, cfg.k)
+        x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[idx])
+        mse = F.mse_loss(x_hat[: len(pick)], batch[: len(pick)])
+        h = h_bank[pairs]
+        r = norms[tok, None] * (x[tok] - x_hat[len(pick):])  # r_t = w_t − (μ + a_t x̂_t)
+        ratio = (h * r).sum(-1) / (h * rows[tok]).sum(-1).abs().clamp_min(1e-6)
+        prism = ratio.pow(2).mean()
+        code_pen = vals[: len(pick)].pow(2).sum() / (len(pick) * width)  # mean over all F code entries
+        loss = mse + cfg.lambda_prism * prism + cfg.code_l2 * code_pen
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        with torch.no_grad():
+            sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8))
+            fired.index_add_(0, idx[: len(pick)][vals[: len(pick)] > 0],
+                             torch.ones(int((vals[: len(pick)] > 0).sum()), device=device))
+            rows_seen += len(pick)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            record = {"step": step, "loss": loss.item(), "mse": mse.item(), "prism": prism.item(),
+                      "code_l2": code_pen.item(), "row_ev_batch": 1.0 - mse.item() * d_model,
+                      "dead_rate_window": (fired == 0).float().mean().item(),
+                      "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
+                      "seconds": time.perf_counter() - start_time}
+            history.append(record)
+            bar.set_postfix(mse=f"{record['mse']:.2e}", prism=f"{record['prism']:.3f}",
+                            dead=f"{record['dead_rate_window']:.2f}")
+            fired.zero_()
+            rows_seen = 0
+    sae.store_codes(rows)
+    sae.bound_rows = rows  # decompose() needs no model= right after fitting
+    usage = feature_usage(sae)
+    final = {"dead_rate": (usage == 0).float().mean().item(),
+             "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),
+             "row_ev": row_explained_variance(sae, rows), "seconds": time.perf_counter() - start_time,
+             "width": width, "k": cfg.k, "steps": steps_done}
     logger.info("Readout SAE fitted in %.0f s: rowEV %.3f, dead %.3f, rare %.3f", final["seconds"], final["row_ev"],
                 final["dead_rate"], final["rare_rate"])
     return ReadoutFit(sae=sae, config=cfg, seconds=final["seconds"], history=history, final=final)
@@ -292,7 +279,3 @@ def row_explained_variance(sae: ReadoutSAE, rows: torch.Tensor) -> float:
 
 def _chunks(n: int, size: int):
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in str(name)).strip("-") or "model"

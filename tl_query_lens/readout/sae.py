@@ -165,7 +165,7 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
 
     # ------------------------------------------------------------------------------------------- construction
     @classmethod
-    def fit(cls, model, tokens: torch.Tensor | None = None, **kwargs) -> ReadoutSAE:
+    def fit(cls, model, tokens: torch.Tensor | None = None, **kwargs: Any) -> ReadoutSAE:
         """Fit a readout SAE to ``model``'s unembedding rows; see :func:`tl_query_lens.readout.fit.fit_readout`."""
         from tl_query_lens.readout.fit import fit_readout
 
