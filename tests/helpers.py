@@ -15,12 +15,12 @@ STYLES: tuple[Style, ...] = ("gelu_ln", "gated_rms")
 
 def tiny_config(style: Style = "gelu_ln", **overrides) -> HookedTransformerConfig:
     """A 3-layer random config: GELU/LayerNorm/learned positions, or SiLU-gated/RMSNorm/rotary (Llama-like, GQA)."""
-    common = dict(n_layers=3, d_model=32, d_head=8, n_heads=4, d_mlp=64, n_ctx=32, d_vocab=61, seed=0)
+    common = {"n_layers": 3, "d_model": 32, "d_head": 8, "n_heads": 4, "d_mlp": 64, "n_ctx": 32, "d_vocab": 61, "seed": 0}
     if style == "gelu_ln":
-        kw = dict(act_fn="gelu", normalization_type="LN", positional_embedding_type="standard")
+        kw = {"act_fn": "gelu", "normalization_type": "LN", "positional_embedding_type": "standard"}
     else:
-        kw = dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=8,
-                  gated_mlp=True, final_rms=True, n_key_value_heads=2)
+        kw = {"act_fn": "silu", "normalization_type": "RMS", "positional_embedding_type": "rotary", "rotary_dim": 8,
+                  "gated_mlp": True, "final_rms": True, "n_key_value_heads": 2}
     return HookedTransformerConfig(**{**common, **kw, **overrides})
 
 

@@ -27,7 +27,7 @@ from tl_query_lens.readout import baselines as bl
 from tl_query_lens.readout.diagnostics import ablation_regression, evaluate_reconstruction
 from tl_query_lens.readout.sae import unembedding_rows
 
-FIT = dict(width=96, k=8, steps=60, batch_rows=64, batch_pairs=32, log_every=20, progress=False)
+FIT = {"width": 96, "k": 8, "steps": 60, "batch_rows": 64, "batch_pairs": 32, "log_every": 20, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def _final_states(model, tokens):
 
 def _families(model, h):
     V = model.cfg.d_vocab
-    alpha_c, top1, comp = top1_vs_competitor(h, model)
+    alpha_c, top1, _comp = top1_vs_competitor(h, model)
     return {"token_logit": token_logit(top1, V), "margin": margin(3, 7, V), "group_mean": group_mean([1, 4, 9, 16], V),
             "vocab_mean_contrast": vocab_mean_contrast(top1, V), "top1_vs_competitor": alpha_c}
 

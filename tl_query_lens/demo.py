@@ -54,9 +54,9 @@ class DemoConfig:
 
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
-        base = dict(ffkv_layers=(12, 24), ql_layer=24, n_features=4, operator_seqs=1, seq_len=12, splice_seqs=4,
-                    readout_sae_id="quick", readout_overrides=dict(width_mult=2, k=32, steps=80, n_seqs=8),
-                    cert_layer=24, n_cal=32, n_eval=96)
+        base = {"ffkv_layers": (12, 24), "ql_layer": 24, "n_features": 4, "operator_seqs": 1, "seq_len": 12, "splice_seqs": 4,
+                    "readout_sae_id": "quick", "readout_overrides": {"width_mult": 2, "k": 32, "steps": 80, "n_seqs": 8},
+                    "cert_layer": 24, "n_cal": 32, "n_eval": 96}
         return cls(**{**base, **overrides})
 
 

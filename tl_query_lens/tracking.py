@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import Self
+
 from tl_query_lens.results import atomic_write_text, write_json
 
 logger = logging.getLogger(__name__)
@@ -108,7 +110,7 @@ class Tracker:
             self.run.finish()
             self.run = None
 
-    def __enter__(self) -> Tracker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,7 +27,7 @@ print("logit lens top-5:", model.to_str_tokens((h @ model.W_U + model.b_U).topk(
 # ## Fit (or load) a readout SAE, saved in SAELens format
 
 # %%
-overrides = dict(width_mult=2, k=32, steps=40, n_seqs=4) if SMALL else {}
+overrides = {"width_mult": 2, "k": 32, "steps": 40, "n_seqs": 4} if SMALL else {}
 fit = fit_readout(model, progress=False, **overrides)
 fit.sae.save_model(f"{OUT}/readout")
 sae = SAE.load_from_disk(f"{OUT}/readout")  # an ordinary SAELens call returns a ReadoutSAE

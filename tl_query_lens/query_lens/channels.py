@@ -80,7 +80,7 @@ class LowRankMap:
 
     def column_space(self) -> Float[torch.Tensor, "d_out rank"]:
         """Orthonormal basis of the column space of W (its top-r left singular vectors)."""
-        U, S, _ = torch.linalg.svd(self.W.double(), full_matrices=False)
+        U, _S, _ = torch.linalg.svd(self.W.double(), full_matrices=False)
         r = self.A.shape[0]
         return U[:, :r].float()
 
@@ -171,7 +171,7 @@ def auc(positive: torch.Tensor, negative: torch.Tensor) -> float:
 
 def _average_ranks(scores: torch.Tensor) -> torch.Tensor:
     """1-based ranks with ties sharing their average rank."""
-    values, inverse, counts = torch.unique(scores.double(), return_inverse=True, return_counts=True)
+    _values, inverse, counts = torch.unique(scores.double(), return_inverse=True, return_counts=True)
     upper = counts.cumsum(0).double()
     return ((upper - counts.double() + 1 + upper) / 2)[inverse]
 
@@ -247,7 +247,7 @@ def channel_analysis(
     metrics: dict[str, dict] = {f: {} for f in cfg.fits}
     for source, values in sorted(values_by_source.items()):
         n = values.shape[0]
-        n_train = int(round(cfg.train_frac * n))
+        n_train = round(cfg.train_frac * n)
         if n_train < 2 or n - n_train < 1:
             raise ValueError(f"Source layer {source}: {n} features cannot be split {cfg.train_frac:.0%}/rest.")
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))

@@ -97,7 +97,7 @@ class ReadoutFitConfig:
         if name == "cpu":
             return cls(**overrides)
         if name == "paper":
-            return cls(**{**dict(width_mult=32, k=256, steps=20_000, batch_rows=4096, batch_pairs=1024), **overrides})
+            return cls(**{"width_mult": 32, "k": 256, "steps": 20_000, "batch_rows": 4096, "batch_pairs": 1024, **overrides})
         raise ValueError(f"Unknown preset {name!r}; choose 'cpu' or 'paper'.")
 
 
@@ -209,7 +209,7 @@ def fit_readout(
     _init_weights(sae, x, gen)
     params = [sae.W_enc, sae.b_enc, sae.W_dec]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    n_freq = int(round(cfg.batch_rows * cfg.frequency_share)) if freq.sum() > 0 else 0
+    n_freq = round(cfg.batch_rows * cfg.frequency_share) if freq.sum() > 0 else 0
     freq_probs = freq / freq.sum().clamp_min(1)
 
     history: list[dict[str, float]] = []
