@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
 from sae_lens import SAE, TopKSAE, TopKSAEConfig, Transcoder, TranscoderConfig
 from sae_lens.saes.sae import SAEMetadata
 
-from tests.helpers import STYLES, tiny_model, tiny_tokens
-from tl_query_lens import FFKV, FFKVSAE, ReadoutSAE, ReadoutSAEConfig
-from tl_query_lens.readout.sae import unembedding_rows
+from tests.helpers import STYLES, tiny_model, tiny_readout, tiny_tokens
+from tl_query_lens import FFKV, FFKVSAE
 
 SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_output", "hook_sae_recons",
              "hook_sae_error")
@@ -70,20 +69,7 @@ def _transcoder_control(model) -> SAE:
 
 
 def _readout(model) -> SAE:
-    """A random-weight readout SAE with its stored codes computed from the model's LM-head rows."""
-    d, V = model.cfg.d_model, model.cfg.d_vocab
-    cfg = ReadoutSAEConfig(d_in=d, d_sae=READOUT_WIDTH, d_vocab=V, k=8, dtype="float32", device="cpu",
-                           metadata=_metadata(model, "ln_final.hook_normalized"))
-    sae = ReadoutSAE(cfg)
-    rows = unembedding_rows(model)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        sae.W_enc.copy_(torch.randn(d, READOUT_WIDTH, generator=gen) / d**0.5)
-        sae.b_enc.copy_(torch.randn(READOUT_WIDTH, generator=gen) * 0.1)
-        W_dec = torch.randn(READOUT_WIDTH, d, generator=gen)
-        sae.W_dec.copy_(W_dec / W_dec.norm(dim=1, keepdim=True))
-        sae.b_dec.copy_(rows.mean(0))
-    sae.store_codes(rows)
+    sae = tiny_readout(model, d_sae=READOUT_WIDTH)
     assert int(sae.code_indices.max()) > 2048  # the ids must exercise every low-precision dtype
     return sae
 
@@ -226,7 +212,7 @@ def test_readout_old_format_low_precision_load_fails_clearly(tmp_path):
 # ------------------------------------------------------------------------------------------------ folding
 def _fold_w_dec_norm_or_refusal(case: Case, fold: Callable[[SAE], SAE]) -> tuple[SAE, SAE] | None:
     """Fold a copy; returns (original, folded), or None after checking a refusal is clear and changed nothing."""
-    model, sae = case.make()
+    _, sae = case.make()
     target = copy.deepcopy(sae)
     try:
         folded = fold(target)
@@ -370,7 +356,7 @@ def test_add_sae_and_gradients_through_splice(case):
     tokens = tiny_tokens(model)
     model.add_sae(sae)
     try:
-        assert list(model.acts_to_saes.values())[0] is sae
+        assert next(iter(model.acts_to_saes.values())) is sae
         loss = model(tokens, return_type="loss")
         loss.backward()
     finally:
