@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator, Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -58,48 +59,32 @@ def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
     return f"tlql readout fit --model {model_name} --preset {preset} --sae-id {sae_id}"
 
 
-class ReleaseIds(dict):
+class ReleaseIds(Mapping[str, str]):
     """``saes_map`` of a readout release (id → ``"<model>/<id>"``): the shipped ids plus the ones cached right now.
 
     Membership is granted to every id, so SAELens hands unknown ids to :func:`readout_loader`, whose error lists
-    what is cached; iteration and ``keys()`` give the shipped and cached ids only.
+    what is cached; iteration (``keys()``, ``list(...)``) gives the shipped and cached ids only.
     """
 
     def __init__(self, model_name: str, shipped: list[str]):
-        super().__init__()
         self.model_name, self.shipped = model_name, list(shipped)
 
-    def _refresh(self) -> None:
-        super().clear()
-        super().update({i: f"{self.model_name}/{i}" for i in dict.fromkeys([*self.shipped, *cached_ids(self.model_name)])})
+    def _ids(self) -> list[str]:
+        return list(dict.fromkeys([*self.shipped, *cached_ids(self.model_name)]))
 
     def __contains__(self, sae_id: object) -> bool:
         return isinstance(sae_id, str) and bool(sae_id) and "/" not in sae_id
 
-    def __missing__(self, sae_id: str) -> str:
+    def __getitem__(self, sae_id: str) -> str:
         if sae_id not in self:
             raise KeyError(sae_id)
         return f"{self.model_name}/{sae_id}"
 
-    def keys(self):
-        self._refresh()
-        return super().keys()
-
-    def items(self):
-        self._refresh()
-        return super().items()
-
-    def values(self):
-        self._refresh()
-        return super().values()
-
-    def __iter__(self):
-        self._refresh()
-        return super().__iter__()
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids())
 
     def __len__(self) -> int:
-        self._refresh()
-        return super().__len__()
+        return len(self._ids())
 
 
 def readout_loader(
