@@ -38,9 +38,16 @@ def main() -> None:
     tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=1)
     states = collect_states(model, tokens)
     widths = tuple(int(w) for w in args.kmeans_widths.split(",")) if args.kmeans_widths else None
-    report = evaluate_readout(model, sae, states, baselines=[b for b in args.baselines.split(",") if b],
-                              kmeans_widths=widths, kmeans_iters=args.kmeans_iters, ridge_k=args.ridge_k,
-                              ablation_states=args.ablation_states)
+    report = evaluate_readout(
+        model,
+        sae,
+        states,
+        baselines=[b for b in args.baselines.split(",") if b],
+        kmeans_widths=widths,
+        kmeans_iters=args.kmeans_iters,
+        ridge_k=args.ridge_k,
+        ablation_states=args.ablation_states,
+    )
     report.save(args.out)
     with Tracker(args.out, name="readout-eval", config=vars(args)) as tracker:
         tracker.log_table("readout_vs_baselines", *report.table())
@@ -49,8 +56,12 @@ def main() -> None:
     print(json.dumps({"hooks": states.hooks, "n_states": len(states), "ablation": ablation}, indent=1))
     print(" | ".join(cols))
     for r in rows:
-        print(" | ".join(f"{v:.3f}" if isinstance(v, float) else
-                         (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else str(v)) for v in r))
+        print(
+            " | ".join(
+                f"{v:.3f}" if isinstance(v, float) else (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else str(v))
+                for v in r
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,17 @@ def main() -> None:
     seconds = time.perf_counter() - start
     path = cached_sae_path("smollm2-135m", args.sae_id)
     fit.sae.save_model(path)
-    print(json.dumps({"wall_seconds_total": seconds, "final": fit.final, "last": fit.history[-1] if fit.history else None,
-                      "saved": str(path)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "wall_seconds_total": seconds,
+                "final": fit.final,
+                "last": fit.history[-1] if fit.history else None,
+                "saved": str(path),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

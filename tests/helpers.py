@@ -15,12 +15,28 @@ STYLES: tuple[Style, ...] = ("gelu_ln", "gated_rms")
 
 def tiny_config(style: Style = "gelu_ln", **overrides) -> HookedTransformerConfig:
     """A 3-layer random config: GELU/LayerNorm/learned positions, or SiLU-gated/RMSNorm/rotary (Llama-like, GQA)."""
-    common = {"n_layers": 3, "d_model": 32, "d_head": 8, "n_heads": 4, "d_mlp": 64, "n_ctx": 32, "d_vocab": 61, "seed": 0}
+    common = {
+        "n_layers": 3,
+        "d_model": 32,
+        "d_head": 8,
+        "n_heads": 4,
+        "d_mlp": 64,
+        "n_ctx": 32,
+        "d_vocab": 61,
+        "seed": 0,
+    }
     if style == "gelu_ln":
         kw = {"act_fn": "gelu", "normalization_type": "LN", "positional_embedding_type": "standard"}
     else:
-        kw = {"act_fn": "silu", "normalization_type": "RMS", "positional_embedding_type": "rotary", "rotary_dim": 8,
-                  "gated_mlp": True, "final_rms": True, "n_key_value_heads": 2}
+        kw = {
+            "act_fn": "silu",
+            "normalization_type": "RMS",
+            "positional_embedding_type": "rotary",
+            "rotary_dim": 8,
+            "gated_mlp": True,
+            "final_rms": True,
+            "n_key_value_heads": 2,
+        }
     return HookedTransformerConfig(**{**common, **kw, **overrides})
 
 
@@ -57,9 +73,20 @@ def tiny_readout(model, d_sae: int = 128, k: int = 8, seed: int = 3):
     from tl_query_lens.readout.sae import unembedding_rows
 
     d, V = model.cfg.d_model, model.cfg.d_vocab
-    cfg = ReadoutSAEConfig(d_in=d, d_sae=d_sae, d_vocab=V, k=k, dtype="float32", device="cpu",
-                           metadata=SAEMetadata(model_name=model.cfg.model_name, hook_name="ln_final.hook_normalized",
-                                                hook_layer=model.cfg.n_layers - 1, context_size=model.cfg.n_ctx))
+    cfg = ReadoutSAEConfig(
+        d_in=d,
+        d_sae=d_sae,
+        d_vocab=V,
+        k=k,
+        dtype="float32",
+        device="cpu",
+        metadata=SAEMetadata(
+            model_name=model.cfg.model_name,
+            hook_name="ln_final.hook_normalized",
+            hook_layer=model.cfg.n_layers - 1,
+            context_size=model.cfg.n_ctx,
+        ),
+    )
     sae = ReadoutSAE(cfg)
     rows = unembedding_rows(model)
     gen = torch.Generator().manual_seed(seed)

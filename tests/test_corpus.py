@@ -38,8 +38,10 @@ def test_embedded_corpus_is_real_prose():
 
 
 def test_splits_are_disjoint_and_deterministic():
-    splits = {s: load_corpus("embedded", TOK, n_seqs=200, seq_len=32, split=s, seed=3)
-              for s in ("train", "calibration", "evaluation")}
+    splits = {
+        s: load_corpus("embedded", TOK, n_seqs=200, seq_len=32, split=s, seed=3)
+        for s in ("train", "calibration", "evaluation")
+    }
     for a, tokens_a in splits.items():
         for b, tokens_b in splits.items():
             if a != b:

@@ -121,8 +121,20 @@ def test_evaluate_signatures_end_to_end(tmp_path):
     tok = ListTokenizer([f"t{i}" for i in range(model.cfg.d_vocab)])
     prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
     ll = logit_lens_top(model, view, feats, k=5)
-    res = evaluate_signatures(model, sae, tokens, {"LL_VALUE": ll}, feats, tokenizer=tok, prompt_tokens=prompts,
-                              n_contexts=20, kl_targets=(0.1,), n_generate=4, n_steps=6, n_steered=5)
+    res = evaluate_signatures(
+        model,
+        sae,
+        tokens,
+        {"LL_VALUE": ll},
+        feats,
+        tokenizer=tok,
+        prompt_tokens=prompts,
+        n_contexts=20,
+        kl_targets=(0.1,),
+        n_generate=4,
+        n_steps=6,
+        n_steered=5,
+    )
     assert res.methods == ["LL_VALUE", "ZO", "TC"]
     assert res.input_scores.shape == (3, 4) and res.output_scores.shape == (3, 1, 4)
     assert ((res.input_scores >= 0) & (res.input_scores <= 1)).all()
@@ -170,11 +182,25 @@ def test_query_lens_signatures_plug_in():
     sae = FFKV.from_model(model, 0)
     feats = torch.tensor([1, 5])
     lens = QueryLens(model, tokens[:2], progress=False)
-    methods = {"QL_VALUE": lens.value_signatures(sae, feats, k=4, method="full").top_ids,
-               "LL_KEY": lens.key_signatures(sae, feats, k=4, method="logit_lens").top_ids}
+    methods = {
+        "QL_VALUE": lens.value_signatures(sae, feats, k=4, method="full").top_ids,
+        "LL_KEY": lens.key_signatures(sae, feats, k=4, method="logit_lens").top_ids,
+    }
     tok = ListTokenizer([f"t{i}" for i in range(model.cfg.d_vocab)])
-    res = evaluate_signatures(model, sae, tokens, methods, feats, tokenizer=tok, prompt_tokens=[torch.tensor([3, 4])],
-                              kl_targets=(0.1,), n_generate=3, n_steps=4, n_steered=4, baselines=())
+    res = evaluate_signatures(
+        model,
+        sae,
+        tokens,
+        methods,
+        feats,
+        tokenizer=tok,
+        prompt_tokens=[torch.tensor([3, 4])],
+        kl_targets=(0.1,),
+        n_generate=3,
+        n_steps=4,
+        n_steered=4,
+        baselines=(),
+    )
     assert res.methods == ["QL_VALUE", "LL_KEY"] and res.output_scores.shape == (2, 1, 2)
 
 
@@ -187,8 +213,13 @@ def test_cli_query_lens_evaluate_delegates(monkeypatch):
 
     model = tiny_model("gelu_ln")
     monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
-    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda src, tok, n_seqs, seq_len, split, seed=0:
-                        tiny_tokens(model, n_seqs, seq_len, seed=0 if split == "train" else 1))
+    monkeypatch.setattr(
+        tl_query_lens,
+        "load_corpus",
+        lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(
+            model, n_seqs, seq_len, seed=0 if split == "train" else 1
+        ),
+    )
     seen = {}
 
     class Stop(Exception):
@@ -200,9 +231,29 @@ def test_cli_query_lens_evaluate_delegates(monkeypatch):
 
     monkeypatch.setattr(table1, "evaluate_table1", fake)
     with pytest.raises(Stop):
-        main(["query-lens", "--evaluate", "--layers", "1,2", "--features", "0-4", "--k", "10", "--n-seqs", "2",
-              "--seq-len", "8", "--no-wandb"])
+        main(
+            [
+                "query-lens",
+                "--evaluate",
+                "--layers",
+                "1,2",
+                "--features",
+                "0-4",
+                "--k",
+                "10",
+                "--n-seqs",
+                "2",
+                "--seq-len",
+                "8",
+                "--no-wandb",
+            ]
+        )
     cfg = seen["cfg"]
     assert seen["layers"] == [1, 2] and seen["op"] == (2, 8) and seen["ev"] == (512, 32)
     assert (cfg.features, cfg.k, cfg.kl_targets, cfg.n_contexts, cfg.n_generate) == (
-        (0, 1, 2, 3, 4), 10, (0.25, 0.5), 20, 20)
+        (0, 1, 2, 3, 4),
+        10,
+        (0.25, 0.5),
+        20,
+        20,
+    )

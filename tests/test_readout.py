@@ -51,8 +51,13 @@ def _final_states(model, tokens):
 def _families(model, h):
     V = model.cfg.d_vocab
     alpha_c, top1, _comp = top1_vs_competitor(h, model)
-    return {"token_logit": token_logit(top1, V), "margin": margin(3, 7, V), "group_mean": group_mean([1, 4, 9, 16], V),
-            "vocab_mean_contrast": vocab_mean_contrast(top1, V), "top1_vs_competitor": alpha_c}
+    return {
+        "token_logit": token_logit(top1, V),
+        "margin": margin(3, 7, V),
+        "group_mean": group_mean([1, 4, 9, 16], V),
+        "vocab_mean_contrast": vocab_mean_contrast(top1, V),
+        "top1_vs_competitor": alpha_c,
+    }
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -170,9 +175,14 @@ def test_diagnostics_and_baselines(fitted):
     # PCA at full rank reproduces the rows; every baseline returns rows of the right shape.
     assert torch.allclose(bl.pca(rows, rank=model.cfg.d_model), rows, atol=1e-4)
     cent = bl.spherical_kmeans(bl.normalise_rows(rows)[2], 8, iters=3)
-    for hat in (bl.shuffled_codes(fit.sae, rows), bl.random_support(fit.sae, rows), bl.hard_assignment(rows, cent),
-                bl.kmeans_ridge(rows, cent, k=4), bl.knn_basis(rows, n_neighbours=8),
-                bl.nearest_row_ridge(rows, n_neighbours=8)):
+    for hat in (
+        bl.shuffled_codes(fit.sae, rows),
+        bl.random_support(fit.sae, rows),
+        bl.hard_assignment(rows, cent),
+        bl.kmeans_ridge(rows, cent, k=4),
+        bl.knn_basis(rows, n_neighbours=8),
+        bl.nearest_row_ridge(rows, n_neighbours=8),
+    ):
         assert hat.shape == rows.shape and torch.isfinite(hat).all()
     # Cluster bootstrap of a constant is that constant.
     assert cluster_bootstrap(torch.ones(10), torch.arange(10) // 2, n_boot=20) == [1.0, 1.0]

@@ -85,8 +85,9 @@ def test_bound_readout_rows_are_a_declared_buffer():
     from tl_query_lens.readout import bind, decompose, fit_readout, token_logit
 
     model = tiny_model("gated_rms")
-    fit = fit_readout(model, tiny_tokens(model, 4, 8), width=64, k=4, steps=5, batch_rows=32, batch_pairs=8,
-                      progress=False)
+    fit = fit_readout(
+        model, tiny_tokens(model, 4, 8), width=64, k=4, steps=5, batch_rows=32, batch_pairs=8, progress=False
+    )
     sae = bind(fit.sae, model)
     assert "bound_rows" in dict(sae.named_buffers()) and "bound_rows" not in sae.state_dict()
     sae.to(torch.float64)

@@ -13,11 +13,15 @@ from tl_query_lens.report.neuronpedia import export_neuronpedia, neuronpedia_fea
 
 def _report(tmp_path):
     fig = go.Figure(go.Bar(x=["a", "b", "c"], y=[3, 1, 2], marker_color="#ff0000"))
-    card = FeatureCard("feature 7", key_lists=[TokenList("key full", [" Paris", " <tag>"], [2.0, 1.0])],
-                       value_lists=[TokenList("value full", [" France"], [1.5])],
-                       module_shares={"direct": 0.6, "blocks.3.mlp": -0.4})
-    return build_report(tmp_path / "r.html", [Section("S", text="t", figures=[fig], tables=[(["a"], [[1.5]])],
-                                                      cards=[card])])
+    card = FeatureCard(
+        "feature 7",
+        key_lists=[TokenList("key full", [" Paris", " <tag>"], [2.0, 1.0])],
+        value_lists=[TokenList("value full", [" France"], [1.5])],
+        module_shares={"direct": 0.6, "blocks.3.mlp": -0.4},
+    )
+    return build_report(
+        tmp_path / "r.html", [Section("S", text="t", figures=[fig], tables=[(["a"], [[1.5]])], cards=[card])]
+    )
 
 
 def test_report_is_self_contained(tmp_path):
@@ -35,9 +39,21 @@ def test_plots_render_in_headless_chromium(tmp_path):
     path = _report(tmp_path)
     shot = tmp_path / "shot.png"
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1400",
-                    "--virtual-time-budget=5000", f"--screenshot={shot}", f"file://{path}"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1200,1400",
+            "--virtual-time-budget=5000",
+            f"--screenshot={shot}",
+            f"file://{path}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     image = Image.open(shot).convert("RGB")
     red = sum(1 for r, g, b in image.getdata() if r > 200 and g < 60 and b < 60)
     assert red > 2000, f"only {red} red pixels: the plot did not render"
@@ -52,8 +68,9 @@ def test_neuronpedia_export_of_query_lens_signatures(tmp_path):
     sae = FFKV.from_model(model, 1)
     value = lens.value_signatures(sae, [4, 9], k=3, method="first_order")
     key = lens.key_signatures(sae, [4, 9], k=3)
-    records = neuronpedia_features(value, key=key, model_id="m", sae_id="ffkv",
-                                   activations={9: [{"tokens": ["a", "b"], "values": [0.5, 2.0]}]})
+    records = neuronpedia_features(
+        value, key=key, model_id="m", sae_id="ffkv", activations={9: [{"tokens": ["a", "b"], "values": [0.5, 2.0]}]}
+    )
     path = export_neuronpedia(tmp_path / "np.json", records)
     back = json.loads(path.read_text())
     assert back[1]["layer"] == "1-ffkv" and back[1]["index"] == "9"

@@ -26,9 +26,24 @@ from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult, write_json
 
-RESULT_CLASSES = [Signatures, MaxActivations, SignatureEvaluation, ChannelAnalysis, SpliceMetrics, FFKVSummary,
-                  Certificate, LayerSweep, ShuffleAblation, ReadoutFit, ReadoutReport, ReadoutEval,
-                  AblationRegression, Decomposition, CrossLensResult, StateBank]
+RESULT_CLASSES = [
+    Signatures,
+    MaxActivations,
+    SignatureEvaluation,
+    ChannelAnalysis,
+    SpliceMetrics,
+    FFKVSummary,
+    Certificate,
+    LayerSweep,
+    ShuffleAblation,
+    ReadoutFit,
+    ReadoutReport,
+    ReadoutEval,
+    AblationRegression,
+    Decomposition,
+    CrossLensResult,
+    StateBank,
+]
 SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.25]
 
 
@@ -86,15 +101,22 @@ def build(hint, counter: list[int]):
 def make(cls, counter: list[int] | None = None):
     counter = counter if counter is not None else [0]
     hints = typing.get_type_hints(cls)
-    kwargs = {f.name: build(hints[f.name], counter) for f in dataclasses.fields(cls)
-              if f.init and not f.name.startswith("_")}
+    kwargs = {
+        f.name: build(hints[f.name], counter) for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")
+    }
     return cls(**kwargs)
 
 
 def same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and \
-            torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)) if a.is_floating_point() else torch.equal(a, b)
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and torch.equal(a.isnan(), b.isnan())
+            and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+            if a.is_floating_point()
+            else torch.equal(a, b)
+        )
     if isinstance(a, float):
         return isinstance(b, float) and (math.isnan(a) and math.isnan(b) or a == b)
     if isinstance(a, ReadoutSAE):

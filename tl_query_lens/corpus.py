@@ -145,8 +145,10 @@ def document_split(text: str) -> str:
 def _get_tokenizer(tokenizer):
     tok = getattr(tokenizer, "tokenizer", None) or tokenizer  # accept a HookedTransformer
     if tok is None or not callable(getattr(tok, "encode", None)):
-        raise TypeError("load_corpus needs a tokenizer (or a model with .tokenizer); got "
-                        f"{type(tokenizer).__name__}. Tiny models without a tokenizer: pass token tensors directly.")
+        raise TypeError(
+            "load_corpus needs a tokenizer (or a model with .tokenizer); got "
+            f"{type(tokenizer).__name__}. Tiny models without a tokenizer: pass token tensors directly."
+        )
     return tok
 
 
@@ -174,8 +176,10 @@ def load_corpus(
     tok = _get_tokenizer(tokenizer)
     docs = [d for d in read_documents(source) if d.strip() and document_split(d) == split]
     if not docs:
-        raise ValueError(f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
-                         "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field).")
+        raise ValueError(
+            f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
+            "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field)."
+        )
     stream = _token_stream(docs, tok)
     n_windows = stream.numel() // seq_len
     if n_windows < n_seqs:

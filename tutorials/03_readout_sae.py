@@ -38,12 +38,16 @@ print(type(sae).__name__, "fitted in", round(fit.seconds), "s")
 
 # %%
 paris, london = model.to_single_token(" Paris"), model.to_single_token(" London")
-for name, alpha in [("logit ' Paris'", token_logit(paris, model.cfg.d_vocab)),
-                    ("margin ' Paris' − ' London'", margin(paris, london, model.cfg.d_vocab))]:
+for name, alpha in [
+    ("logit ' Paris'", token_logit(paris, model.cfg.d_vocab)),
+    ("margin ' Paris' − ' London'", margin(paris, london, model.cfg.d_vocab)),
+]:
     dec = decompose(sae, h.float(), alpha, model=model)
     total = dec.bias + dec.contributions.sum(-1) + dec.residual
-    print(f"{name}: exact {dec.exact.item():.3f} = bias {dec.bias.item():.3f} + features "
-          f"{dec.contributions.sum().item():.3f} + residual {dec.residual.item():.3f}")
+    print(
+        f"{name}: exact {dec.exact.item():.3f} = bias {dec.bias.item():.3f} + features "
+        f"{dec.contributions.sum().item():.3f} + residual {dec.residual.item():.3f}"
+    )
     assert torch.allclose(total, dec.exact, rtol=1e-5, atol=1e-6)
     top = dec.top(3)
     labels = feature_labels(sae, [f for f, _ in top], tokenizer=model.tokenizer)

@@ -38,8 +38,10 @@ def main() -> None:
     ev_tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=32, split="evaluation", seed=0)
     saes = {layer: FFKV.from_model(model, layer) for layer in layers}
     gen = torch.Generator().manual_seed(0)  # the feature sample of `tlql ql-evaluate` (seed 0, layers in order)
-    features = {layer: torch.randperm(saes[layer].cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
-                for layer in layers}
+    features = {
+        layer: torch.randperm(saes[layer].cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
+        for layer in layers
+    }
     contexts = {layer: max_activating_contexts(model, saes[layer], ev_tokens, n_contexts=20) for layer in layers}
     results: dict = {"features": {str(k): v.tolist() for k, v in features.items()}, "runs": {}}
     per_feature = {}
@@ -61,11 +63,17 @@ def main() -> None:
             per_feature[label] = torch.cat(scores)
             ci = mean_ci("input", per_feature[label], bootstrap_indices(per_feature[label].numel()))
             mean, lo, hi = ci["input"], ci["input_lo"], ci["input_hi"]
-            results["runs"][label] = {"input_pct": mean, "ci": [lo, hi], "operator_seconds": seconds,
-                                      "per_layer_pct": {str(layer): 100 * s.mean().item()
-                                                        for layer, s in zip(layers, scores)}}
-            print(f"{label:40s} input {mean:5.2f} % [{lo:.2f}, {hi:.2f}]  per layer "
-                  + " ".join(f"{100 * s.mean().item():.1f}" for s in scores) + f"   (operators {seconds:.0f} s)")
+            results["runs"][label] = {
+                "input_pct": mean,
+                "ci": [lo, hi],
+                "operator_seconds": seconds,
+                "per_layer_pct": {str(layer): 100 * s.mean().item() for layer, s in zip(layers, scores)},
+            }
+            print(
+                f"{label:40s} input {mean:5.2f} % [{lo:.2f}, {hi:.2f}]  per layer "
+                + " ".join(f"{100 * s.mean().item():.1f}" for s in scores)
+                + f"   (operators {seconds:.0f} s)"
+            )
         (out / "key_input_scores.json").write_text(json.dumps(results, indent=1))
     torch.save(per_feature, out / "per_feature_input_scores.pt")
 

@@ -218,8 +218,13 @@ def proxy_pass(
                 restricted_logits = run_from_residual(model, batch, resid, layer, splice.hooks(pool=pool), rows=sub)
                 loss_restricted[sub] = smoothed_loss_bits(restricted_logits, batch[sub], alpha)
             times.restricted += time.perf_counter() - t0
-            for field, value in (("loss_proxy", loss_proxy), ("loss_restricted", loss_restricted),
-                                 ("leaves_pool", leaves), ("kl_bits", kl), ("top1", top1)):
+            for field, value in (
+                ("loss_proxy", loss_proxy),
+                ("loss_restricted", loss_restricted),
+                ("leaves_pool", leaves),
+                ("kl_bits", kl),
+                ("top1", top1),
+            ):
                 parts[name][field].append(value.cpu())
     out = {n: ProxyLosses(**{f: torch.cat(v) for f, v in p.items()}) for n, p in parts.items()}
     return torch.cat(clean_losses), out

@@ -41,18 +41,54 @@ class LayerSweep(SavableResult):
     seed: int | None = None
     times: PassTimes = field(default_factory=PassTimes)
 
-    COLUMNS = ("label", "hook", "proxy", "N", "P", "m", "R_hat", "eps_hat", "eta_hat", "bound", "bound_occam",
-               "baseline_bits", "nontrivial", "N_star", "N_star_observed", "kl_bits", "top1_agreement",
-               "mean_gap_bits")
+    COLUMNS = (
+        "label",
+        "hook",
+        "proxy",
+        "N",
+        "P",
+        "m",
+        "R_hat",
+        "eps_hat",
+        "eta_hat",
+        "bound",
+        "bound_occam",
+        "baseline_bits",
+        "nontrivial",
+        "N_star",
+        "N_star_observed",
+        "kl_bits",
+        "top1_agreement",
+        "mean_gap_bits",
+    )
 
     def rows(self) -> list[list]:
         """One row per (layer, real|shuffled) proxy, columns :attr:`COLUMNS`."""
         rows = []
         for kind, certs in (("real", self.certificates), ("shuffled", self.shuffled)):
             for label, c in certs.items():
-                rows.append([label, c.config.get("write_hook", ""), kind, c.N, c.P, c.m, c.R_hat, c.eps_hat,
-                             c.eta_hat, c.bound, c.bound_occam, c.baseline_bits, c.nontrivial, c.N_star,
-                             c.N_star_observed, c.kl_bits, c.top1_agreement, c.gap.double().mean().item()])
+                rows.append(
+                    [
+                        label,
+                        c.config.get("write_hook", ""),
+                        kind,
+                        c.N,
+                        c.P,
+                        c.m,
+                        c.R_hat,
+                        c.eps_hat,
+                        c.eta_hat,
+                        c.bound,
+                        c.bound_occam,
+                        c.baseline_bits,
+                        c.nontrivial,
+                        c.N_star,
+                        c.N_star_observed,
+                        c.kl_bits,
+                        c.top1_agreement,
+                        c.gap.double().mean().item(),
+                    ]
+                )
         return rows
 
     def _subfolder(self, name: str, key=None) -> str:
@@ -138,6 +174,7 @@ def shuffle_ablation(
     """Certify ``sae`` and its feature-shuffled twin: one global seeded bijection π of feature ids applied to the
     codes (the proxy decodes code π(i) with value i; code values and decoder rows kept, so P and the per-token
     sparsity are kept). ``cfg`` / ``overrides`` as in :func:`~tl_query_lens.certify.certify.certify`."""
-    sweep = certify_layers(model, {0: sae}, calibration_tokens, evaluation_tokens, shuffle=True, seed=seed, cfg=cfg,
-                           **overrides)
+    sweep = certify_layers(
+        model, {0: sae}, calibration_tokens, evaluation_tokens, shuffle=True, seed=seed, cfg=cfg, **overrides
+    )
     return ShuffleAblation(real=sweep.certificates[0], shuffled=sweep.shuffled[0], seed=seed)

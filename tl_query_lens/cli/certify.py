@@ -13,11 +13,17 @@ logger = logging.getLogger(__name__)
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("certify", help="certify the model through SAE / FF-KV proxies (risk bound)")
     add_common_args(parser, out="results/certify")
-    parser.add_argument("--layers", default="0,6,12,18,24,29",
-                        help="FF-KV layers, e.g. '3,5' or '0-29' or 'all' (ignored for saved SAEs)")
-    parser.add_argument("--dictionary", default="ffkv",
-                        help="comma-separated: 'ffkv' (TopK FF-KV at each of --layers) and/or folders of SAEs saved "
-                             "with save_model / the SAELens runner; all share one clean pass")
+    parser.add_argument(
+        "--layers",
+        default="0,6,12,18,24,29",
+        help="FF-KV layers, e.g. '3,5' or '0-29' or 'all' (ignored for saved SAEs)",
+    )
+    parser.add_argument(
+        "--dictionary",
+        default="ffkv",
+        help="comma-separated: 'ffkv' (TopK FF-KV at each of --layers) and/or folders of SAEs saved "
+        "with save_model / the SAELens runner; all share one clean pass",
+    )
     parser.add_argument("--n-cal", type=int, default=1000, help="calibration sequences (builds the pool G*)")
     parser.add_argument("--n-eval", type=int, default=1000, help="evaluation sequences N (disjoint split)")
     parser.add_argument("--seq-len", type=int, default=32)
@@ -26,9 +32,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--delta", type=float, default=0.05)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--shuffle", nargs="?", const="all", default=None,
-                        help="add the feature-shuffle ablation: for every proxy, or for comma-separated labels "
-                             "('ffkv L24,sae L24 <folder>')")
+    parser.add_argument(
+        "--shuffle",
+        nargs="?",
+        const="all",
+        default=None,
+        help="add the feature-shuffle ablation: for every proxy, or for comma-separated labels "
+        "('ffkv L24,sae L24 <folder>')",
+    )
     parser.set_defaults(func=run)
 
 
@@ -72,10 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     saes = load_dictionaries(args, model)
-    cal = load_corpus(args.corpus, model, n_seqs=args.n_cal, seq_len=args.seq_len, split="calibration",
-                      seed=args.seed)
-    ev = load_corpus(args.corpus, model, n_seqs=args.n_eval, seq_len=args.seq_len, split="evaluation",
-                     seed=args.seed)
+    cal = load_corpus(args.corpus, model, n_seqs=args.n_cal, seq_len=args.seq_len, split="calibration", seed=args.seed)
+    ev = load_corpus(args.corpus, model, n_seqs=args.n_eval, seq_len=args.seq_len, split="evaluation", seed=args.seed)
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     cfg = CertifyConfig(k=args.k, delta=args.delta, alpha=args.alpha, rule=args.rule, batch_size=args.batch_size)
@@ -83,8 +92,15 @@ def run(args: argparse.Namespace) -> int:
     sweep.save(out)
     with Tracker(out, project=args.wandb_project, name="certify", config=config, use_wandb=args.wandb) as tracker:
         table = tracker.log_table("certificates", list(LayerSweep.COLUMNS), sweep.rows())
-        tracker.log_scalars("times", {"clean_s": sweep.times.clean, "proxy_s": sweep.times.proxy,
-                                      "restricted_s": sweep.times.restricted, "pool_s": sweep.times.pool})
+        tracker.log_scalars(
+            "times",
+            {
+                "clean_s": sweep.times.clean,
+                "proxy_s": sweep.times.proxy,
+                "restricted_s": sweep.times.restricted,
+                "pool_s": sweep.times.pool,
+            },
+        )
         real = dict(sweep.certificates)
         tracker.log_plot("bound_vs_N", bound_vs_n_figure(real))
         tracker.log_plot("bound_occam_vs_N", bound_vs_n_figure(real, occam=True, title="Occam bound vs N"))
@@ -95,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         tracker.log_artifact("certificates", [p for p in out.iterdir() if (p / "result.json").exists()])
     print(f"certificates: {table}")
     for row in sweep.rows():
-        print("  " + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}"
-                               for c, v in zip(LayerSweep.COLUMNS, row)))
+        print(
+            "  "
+            + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in zip(LayerSweep.COLUMNS, row))
+        )
     return 0

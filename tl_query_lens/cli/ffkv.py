@@ -30,8 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
-    tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation",
-                         seed=args.seed)
+    tokens = load_corpus(
+        args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=args.seed
+    )
     out = Path(args.out)
     summary = ffkv_summary(model, layers, tokens, cfg=FFKVSummaryConfig(k=args.k))
     summary.save(out)
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
         table = tracker.log_table("ffkv_summary", list(FFKVSummary.COLUMNS), summary.rows())
     print(f"FF-KV summary: {table}")
     for row in summary.rows():
-        print("  " + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}"
-                               for c, v in zip(FFKVSummary.COLUMNS, row)))
+        print(
+            "  "
+            + ", ".join(
+                f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in zip(FFKVSummary.COLUMNS, row)
+            )
+        )
     return 0

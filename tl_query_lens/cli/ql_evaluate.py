@@ -40,15 +40,28 @@ def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_table1(args, layers=args.layers, features=args.features, k=args.k, op_seqs=args.op_seqs,
-                      op_seq_len=args.op_seq_len, features_per_layer=args.features_per_layer,
-                      n_seqs=args.n_seqs, seq_len=args.seq_len, n_contexts=args.n_contexts,
-                      kl_targets=tuple(float(x) for x in args.kl_targets.split(",")), n_generate=args.n_generate,
-                      n_prompts=args.n_prompts, temperature=args.temperature, n_steps=args.n_steps)
+    return run_table1(
+        args,
+        layers=args.layers,
+        features=args.features,
+        k=args.k,
+        op_seqs=args.op_seqs,
+        op_seq_len=args.op_seq_len,
+        features_per_layer=args.features_per_layer,
+        n_seqs=args.n_seqs,
+        seq_len=args.seq_len,
+        n_contexts=args.n_contexts,
+        kl_targets=tuple(float(x) for x in args.kl_targets.split(",")),
+        n_generate=args.n_generate,
+        n_prompts=args.n_prompts,
+        temperature=args.temperature,
+        n_steps=args.n_steps,
+    )
 
 
-def run_table1(args: argparse.Namespace, *, layers: str, features: str | None, k: int, op_seqs: int,
-               op_seq_len: int, **protocol) -> int:
+def run_table1(
+    args: argparse.Namespace, *, layers: str, features: str | None, k: int, op_seqs: int, op_seq_len: int, **protocol
+) -> int:
     """Build the :class:`Table1Config` from the parsed options, call :func:`evaluate_table1`, save and log.
 
     ``tlql query-lens --evaluate`` passes its own layers / features / k / corpus options and keeps the protocol's
@@ -73,14 +86,24 @@ def run_table1(args: argparse.Namespace, *, layers: str, features: str | None, k
     if features:
         ids = parse_features(features, d_sae)
         ids = tuple(range(d_sae)) if ids is None else tuple(ids)
-    options = {key: protocol[key] for key in ("n_contexts", "kl_targets", "n_generate", "temperature", "n_steps")
-               if key in protocol}
-    cfg = Table1Config(k=k, features_per_layer=protocol["features_per_layer"], features=ids, seed=args.seed,
-                       prompts=NEUTRAL_PROMPTS[: protocol["n_prompts"]],
-                       cache_dir=str(args.cache_dir or out / "operators"), **options)
+    options = {
+        key: protocol[key]
+        for key in ("n_contexts", "kl_targets", "n_generate", "temperature", "n_steps")
+        if key in protocol
+    }
+    cfg = Table1Config(
+        k=k,
+        features_per_layer=protocol["features_per_layer"],
+        features=ids,
+        seed=args.seed,
+        prompts=NEUTRAL_PROMPTS[: protocol["n_prompts"]],
+        cache_dir=str(args.cache_dir or out / "operators"),
+        **options,
+    )
     op_tokens = load_corpus(args.corpus, model, n_seqs=op_seqs, seq_len=op_seq_len, split="train", seed=args.seed)
-    ev_tokens = load_corpus(args.corpus, model, n_seqs=protocol["n_seqs"], seq_len=protocol["seq_len"],
-                            split="evaluation", seed=args.seed)
+    ev_tokens = load_corpus(
+        args.corpus, model, n_seqs=protocol["n_seqs"], seq_len=protocol["seq_len"], split="evaluation", seed=args.seed
+    )
     result = evaluate_table1(model, saes, op_tokens, ev_tokens, cfg=cfg)
     result.save(out / "all")
     rows = result.summary(seed=args.seed)
@@ -92,10 +115,14 @@ def run_table1(args: argparse.Namespace, *, layers: str, features: str | None, k
         path = tracker.log_table("table1", columns, table)
         tracker.log_table("per_feature", *result.per_feature_table())
         tracker.log_scalars("timing", seconds)
-        tracker.log_scalars("steering", {"mean_alpha@" + f"{t:g}": result.alphas[i].mean().item()
-                                         for i, t in enumerate(result.kl_targets)}
-                            | {"mean_achieved_kl@" + f"{t:g}": result.achieved_kl[i].mean().item()
-                               for i, t in enumerate(result.kl_targets)})
+        tracker.log_scalars(
+            "steering",
+            {"mean_alpha@" + f"{t:g}": result.alphas[i].mean().item() for i, t in enumerate(result.kl_targets)}
+            | {
+                "mean_achieved_kl@" + f"{t:g}": result.achieved_kl[i].mean().item()
+                for i, t in enumerate(result.kl_targets)
+            },
+        )
         tracker.log_artifact("ql_eval", [out / "all"])
     print(f"Table 1 ({result.features.numel()} features, layers {layer_ids}): {path}")
     print(result.format_summary(rows, PAPER_GPT2))

@@ -14,24 +14,33 @@ logger = logging.getLogger(__name__)
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "query-lens", help="Query Lens key/value signatures of FF-KV features (DESIGN §5)",
+        "query-lens",
+        help="Query Lens key/value signatures of FF-KV features (DESIGN §5)",
         description="Signatures of FF-KV features of the chosen layers: top/bottom-k tokens per feature, written as "
-                    "JSON + safetensors per layer and side, and logged as W&B tables.")
+        "JSON + safetensors per layer and side, and logged as W&B tables.",
+    )
     add_common_args(parser, out="results/query_lens")
     parser.add_argument("--layers", default="18", help="e.g. '3,5' or '0-29' or 'all'")
     parser.add_argument("--features", default="0-24", help="feature ids per layer, e.g. '0-99,512' or 'all'")
     parser.add_argument("--side", choices=["value", "key", "both"], default="both")
-    parser.add_argument("--method", choices=["full", "first_order", "logit_lens"], default="full",
-                        help="first_order applies to the value side; the key side then uses full")
+    parser.add_argument(
+        "--method",
+        choices=["full", "first_order", "logit_lens"],
+        default="full",
+        help="first_order applies to the value side; the key side then uses full",
+    )
     parser.add_argument("--k", type=int, default=25)
     parser.add_argument("--n-seqs", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--skip-positions", type=int, default=0, help="leading positions left out of the corpus mean")
     parser.add_argument("--chunk", type=int, default=64, help="tangents per batched engine pass (memory)")
     parser.add_argument("--cache-dir", default=None, help="reuse / resume operators here")
-    parser.add_argument("--evaluate", action="store_true",
-                        help="run the Table-1 evaluation protocol on these layers/features instead "
-                             "(same as `tlql ql-evaluate`, which has all protocol options)")
+    parser.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="run the Table-1 evaluation protocol on these layers/features instead "
+        "(same as `tlql ql-evaluate`, which has all protocol options)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -44,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if args.evaluate:
         from tl_query_lens.cli.ql_evaluate import run_table1
 
-        return run_table1(args, layers=args.layers, features=args.features, k=args.k, op_seqs=args.n_seqs,
-                          op_seq_len=args.seq_len)
+        return run_table1(
+            args, layers=args.layers, features=args.features, k=args.k, op_seqs=args.n_seqs, op_seq_len=args.seq_len
+        )
 
     from pathlib import Path
 
@@ -59,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
     sides = ["value", "key"] if args.side == "both" else [args.side]
     key_method = "full" if args.method == "first_order" else args.method  # first_order is a value-side method
     saes = {layer: FFKV.from_model(model, layer) for layer in layers}
-    lens.precompute(list(saes.values()), value_methods={args.method} if "value" in sides else set(),
-                    key_methods={key_method} if "key" in sides else set())  # one engine sweep per kind
+    lens.precompute(
+        list(saes.values()),
+        value_methods={args.method} if "value" in sides else set(),
+        key_methods={key_method} if "key" in sides else set(),
+    )  # one engine sweep per kind
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     with Tracker(out, project=args.wandb_project, name="query_lens", config=config, use_wandb=args.wandb) as tracker:

@@ -26,7 +26,9 @@ def add_parser(subparsers) -> None:
     fit.add_argument("--max-seconds", type=float, default=None, help="stop early after this wall time")
     fit.add_argument("--n-seqs", type=int, default=None, help="corpus sequences (train split) for the state bank")
     fit.add_argument("--seq-len", type=int, default=None)
-    fit.add_argument("--save", default=None, help="folder to save to (default: the user cache, used by from_pretrained)")
+    fit.add_argument(
+        "--save", default=None, help="folder to save to (default: the user cache, used by from_pretrained)"
+    )
     fit.set_defaults(func=run_fit)
 
     dec = actions.add_parser("decompose", help="decompose one score of one prompt into readout features")
@@ -84,8 +86,9 @@ def run_fit(args: argparse.Namespace) -> int:
     fit = fit_readout(model, cfg=cfg)
     fit.save(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    with Tracker(args.out, project=args.wandb_project, name="readout-fit", config=config,
-                 use_wandb=args.wandb) as tracker:
+    with Tracker(
+        args.out, project=args.wandb_project, name="readout-fit", config=config, use_wandb=args.wandb
+    ) as tracker:
         for record in fit.history:
             tracker.log_scalars("train", record, step=int(record["step"]))
         tracker.log_scalars("final", fit.final)
@@ -121,23 +124,31 @@ def run_decompose(args: argparse.Namespace) -> int:
     if args.token:
         alpha, what = token_logit(_token_id(model, args.token), V), f"logit {args.token!r}"
     elif args.margin:
-        alpha, what = margin(_token_id(model, args.margin[0]), _token_id(model, args.margin[1]), V), \
-            f"margin {args.margin[0]!r} − {args.margin[1]!r}"
+        alpha, what = (
+            margin(_token_id(model, args.margin[0]), _token_id(model, args.margin[1]), V),
+            f"margin {args.margin[0]!r} − {args.margin[1]!r}",
+        )
     elif args.group:
         alpha, what = group_mean([_token_id(model, t) for t in args.group], V), f"group mean {args.group}"
     elif args.vocab_contrast:
-        alpha, what = vocab_mean_contrast(_token_id(model, args.vocab_contrast), V), \
-            f"{args.vocab_contrast!r} − vocabulary mean"
+        alpha, what = (
+            vocab_mean_contrast(_token_id(model, args.vocab_contrast), V),
+            f"{args.vocab_contrast!r} − vocabulary mean",
+        )
     else:
         alpha, top1, comp = top1_vs_competitor(h, model)
         what = f"top-1 {model.to_string([top1])!r} − runner-up {model.to_string([comp])!r}"
     dec = decompose(sae, h, alpha, model=model, n_top=args.top)
     dec.save(args.out)
-    print(f"{what} at {hook}[{args.position}]: exact {dec.exact.item():.4f} = bias {dec.bias.item():.4f} "
-          f"+ Σc {dec.contributions.sum().item():.4f} + residual {dec.residual.item():.4f}")
+    print(
+        f"{what} at {hook}[{args.position}]: exact {dec.exact.item():.4f} = bias {dec.bias.item():.4f} "
+        f"+ Σc {dec.contributions.sum().item():.4f} + residual {dec.residual.item():.4f}"
+    )
     for row in dec.top_features:
-        print(f"  feature {row['feature']:>6}  c = {row['contribution']:+.4f}  (β {row['beta']:+.3f}, "
-              f"p {row['projection']:+.3f})  {row['label']}")
+        print(
+            f"  feature {row['feature']:>6}  c = {row['contribution']:+.4f}  (β {row['beta']:+.3f}, "
+            f"p {row['projection']:+.3f})  {row['label']}"
+        )
     return 0
 
 
@@ -151,15 +162,20 @@ def run_eval(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     sae = _load_sae(args)
-    cfg = ReadoutEvalConfig() if args.baselines is None else ReadoutEvalConfig(
-        baselines=tuple(b for b in args.baselines.split(",") if b))
-    tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation",
-                         seed=args.seed)
+    cfg = (
+        ReadoutEvalConfig()
+        if args.baselines is None
+        else ReadoutEvalConfig(baselines=tuple(b for b in args.baselines.split(",") if b))
+    )
+    tokens = load_corpus(
+        args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=args.seed
+    )
     report = evaluate_readout(model, sae, collect_states(model, tokens), cfg=cfg)
     report.save(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    with Tracker(args.out, project=args.wandb_project, name="readout-eval", config=config,
-                 use_wandb=args.wandb) as tracker:
+    with Tracker(
+        args.out, project=args.wandb_project, name="readout-eval", config=config, use_wandb=args.wandb
+    ) as tracker:
         for res in [report.srp, *report.baselines.values()]:
             scalars = {k: v for k, v in asdict(res).items() if isinstance(v, float)}
             tracker.log_scalars("srp" if res.method == "srp" else f"baseline_{res.method}", scalars)

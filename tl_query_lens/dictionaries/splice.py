@@ -131,16 +131,36 @@ class FFKVSummary(SavableResult):
     sparse: dict[int, SpliceMetrics]
     dense: dict[int, SpliceMetrics] = field(default_factory=dict)
 
-    COLUMNS = ("layer", "alive_rate_vanilla", "alive_rate_topk", "mean_l0_topk", "ev_vanilla", "ev_topk", "ce_clean",
-               "ce_delta_topk", "kl_topk")
+    COLUMNS = (
+        "layer",
+        "alive_rate_vanilla",
+        "alive_rate_topk",
+        "mean_l0_topk",
+        "ev_vanilla",
+        "ev_topk",
+        "ce_clean",
+        "ce_delta_topk",
+        "kl_topk",
+    )
 
     def rows(self) -> list[list]:
         """One row per layer, columns :attr:`COLUMNS` (vanilla columns None without ``dense``)."""
         rows = []
         for layer, s in self.sparse.items():
             d = self.dense.get(layer)
-            rows.append([layer, d and d.alive_rate, s.alive_rate, s.mean_l0, d and d.explained_variance,
-                         s.explained_variance, s.ce_clean, s.ce_delta, s.kl])
+            rows.append(
+                [
+                    layer,
+                    d and d.alive_rate,
+                    s.alive_rate,
+                    s.mean_l0,
+                    d and d.explained_variance,
+                    s.explained_variance,
+                    s.ce_clean,
+                    s.ce_delta,
+                    s.kl,
+                ]
+            )
         return rows
 
     def _subfolder(self, name: str, key=None) -> str:
@@ -164,10 +184,17 @@ def ffkv_summary(
     sparse, dense = {}, {}
     for layer in tqdm(list(layers), desc="FF-KV layers", leave=False):
         if cfg.dense:
-            dense[layer] = splice_metrics(model, FFKV.from_model(model, layer, "vanilla"), tokens,
-                                          batch_size=cfg.batch_size)
-        sparse[layer] = splice_metrics(model, FFKV.from_model(model, layer, "topk", k=cfg.k), tokens,
-                                       batch_size=cfg.batch_size)
-        logger.info("layer %d: TopK-%d EV %.3f, CE change %+.4f nats", layer, cfg.k,
-                    sparse[layer].explained_variance, sparse[layer].ce_delta)
+            dense[layer] = splice_metrics(
+                model, FFKV.from_model(model, layer, "vanilla"), tokens, batch_size=cfg.batch_size
+            )
+        sparse[layer] = splice_metrics(
+            model, FFKV.from_model(model, layer, "topk", k=cfg.k), tokens, batch_size=cfg.batch_size
+        )
+        logger.info(
+            "layer %d: TopK-%d EV %.3f, CE change %+.4f nats",
+            layer,
+            cfg.k,
+            sparse[layer].explained_variance,
+            sparse[layer].ce_delta,
+        )
     return FFKVSummary(k=cfg.k, sparse=sparse, dense=dense)

@@ -97,9 +97,16 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2) if x.ndim == 4 else x  # hook_z style [batch, pos, head, d_head] → [batch, pos, head·d_head]
 
 
-def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], sweep: _Sweep,
-               valid: Float[torch.Tensor, "batch pos"], widths: dict[str, int], sums: dict[str, torch.Tensor],
-               chunk: int, bar) -> None:
+def _run_sweep(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    sweep: _Sweep,
+    valid: Float[torch.Tensor, "batch pos"],
+    widths: dict[str, int],
+    sums: dict[str, torch.Tensor],
+    chunk: int,
+    bar,
+) -> None:
     """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``)."""
     dtype, device = model.cfg.dtype, tokens.device
     stop = stop_layer([*sweep.perturb, *sweep.read])
@@ -126,8 +133,14 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
                 idx = torch.arange(start, min(start + chunk, d_basis), device=device)
                 cot = torch.zeros(len(idx), *valid.shape, d_basis, dtype=dtype, device=device)
                 cot[torch.arange(len(idx)), :, :, idx] = valid.to(dtype)
-                grads = torch.autograd.grad(outputs, [deltas[n] for n in sources], [cot] * len(outputs),
-                                            retain_graph=True, allow_unused=True, is_grads_batched=True)
+                grads = torch.autograd.grad(
+                    outputs,
+                    [deltas[n] for n in sources],
+                    [cot] * len(outputs),
+                    retain_graph=True,
+                    allow_unused=True,
+                    is_grads_batched=True,
+                )
                 for name, grad in zip(sources, grads):
                     if grad is None:
                         raise ValueError(f"Hook {name!r} does not influence {sweep.read}: it is downstream of them.")
@@ -157,9 +170,22 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
             captured.clear()
 
 
-def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: str, names: list[str],
-             shapes: dict[str, tuple[int, int]], sweeps: list[_Sweep], widths: dict[str, int], *,
-             skip_positions: int, chunk: int, batch_size: int, cache_dir, progress: bool) -> OperatorSet:
+def _compute(
+    model: HookedTransformer,
+    tokens: torch.Tensor,
+    kind: str,
+    anchor: str,
+    names: list[str],
+    shapes: dict[str, tuple[int, int]],
+    sweeps: list[_Sweep],
+    widths: dict[str, int],
+    *,
+    skip_positions: int,
+    chunk: int,
+    batch_size: int,
+    cache_dir,
+    progress: bool,
+) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
@@ -180,18 +206,31 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
     if state is None:
-        state = OperatorSet(kind=kind, sums={n: torch.zeros(shapes[n]) for n in names}, count=0,
-                            model_name=model_name, anchor_hook=anchor, corpus_fingerprint=fingerprint, dtype=dtype,
-                            skip_positions=skip_positions, batches_done=0, batch_size=batch_size,
-                            extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk})
+        state = OperatorSet(
+            kind=kind,
+            sums={n: torch.zeros(shapes[n]) for n in names},
+            count=0,
+            model_name=model_name,
+            anchor_hook=anchor,
+            corpus_fingerprint=fingerprint,
+            dtype=dtype,
+            skip_positions=skip_positions,
+            batches_done=0,
+            batch_size=batch_size,
+            extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk},
+        )
     else:
         logger.info("Resuming %s after %d minibatches", state.describe(), state.batches_done)
     state.sums = {n: s.to(model.cfg.device) for n, s in state.sums.items()}
     batches = list(torch.split(local.to(model.cfg.device), batch_size)) if len(local) else []
-    n_chunks = sum(-(-(widths[s.read[0]] if s.direction == "reverse" else widths[next(iter(s.perturb))]) // chunk)
-                   for s in sweeps)
-    bar = tqdm(total=(len(batches) - state.batches_done) * n_chunks, desc=f"{kind} operators",
-               disable=not progress or rank != 0)
+    n_chunks = sum(
+        -(-(widths[s.read[0]] if s.direction == "reverse" else widths[next(iter(s.perturb))]) // chunk) for s in sweeps
+    )
+    bar = tqdm(
+        total=(len(batches) - state.batches_done) * n_chunks,
+        desc=f"{kind} operators",
+        disable=not progress or rank != 0,
+    )
     for b in range(state.batches_done, len(batches)):
         batch = batches[b]
         valid = torch.zeros(batch.shape, device=batch.device)
@@ -221,9 +260,18 @@ def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
     return hook_dims(model, unique)
 
 
-def value_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], hooks: Sequence[str], *,
-                    skip_positions: int = 0, chunk: int = 64, batch_size: int = 8, cache_dir=None,
-                    progress: bool = True, direction: Direction = "reverse") -> OperatorSet:
+def value_operators(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    hooks: Sequence[str],
+    *,
+    skip_positions: int = 0,
+    chunk: int = 64,
+    batch_size: int = 8,
+    cache_dir=None,
+    progress: bool = True,
+    direction: Direction = "reverse",
+) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
 
     ``Δh_final ≈ M_src @ v`` for a direction ``v`` added at every position of ``src``; h_final is
@@ -251,13 +299,35 @@ def value_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch p
             raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
     sweeps = _plan(direction, hooks, [final], name=lambda source, read: source)
     shapes = {h: (widths[final], widths[h]) for h in hooks}
-    return _compute(model, tokens, "value", final, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
-                    chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+    return _compute(
+        model,
+        tokens,
+        "value",
+        final,
+        hooks,
+        shapes,
+        sweeps,
+        widths,
+        skip_positions=skip_positions,
+        chunk=chunk,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        progress=progress,
+    )
 
 
-def key_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], hooks: Sequence[str], *,
-                  skip_positions: int = 0, chunk: int = 64, batch_size: int = 8, cache_dir=None,
-                  progress: bool = True, direction: Direction = "forward") -> OperatorSet:
+def key_operators(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    hooks: Sequence[str],
+    *,
+    skip_positions: int = 0,
+    chunk: int = 64,
+    batch_size: int = 8,
+    cache_dir=None,
+    progress: bool = True,
+    direction: Direction = "forward",
+) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
 
     ``Δh_dst ≈ N_dst @ δe`` for ``δe`` added to the embedding of every position. ``direction="forward"`` (default)
@@ -270,14 +340,35 @@ def key_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos
     widths = _widths(model, [EMBED_HOOK, *hooks])
     sweeps = _plan(direction, [EMBED_HOOK], hooks, name=lambda source, read: read)
     shapes = {h: (widths[h], widths[EMBED_HOOK]) for h in hooks}
-    return _compute(model, tokens, "key", EMBED_HOOK, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
-                    chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+    return _compute(
+        model,
+        tokens,
+        "key",
+        EMBED_HOOK,
+        hooks,
+        shapes,
+        sweeps,
+        widths,
+        skip_positions=skip_positions,
+        chunk=chunk,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        progress=progress,
+    )
 
 
-def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
-                     layers: Sequence[int] | None = None, *, skip_positions: int = 0, chunk: int = 64,
-                     batch_size: int = 8, cache_dir=None, progress: bool = True,
-                     direction: Direction = "reverse") -> OperatorSet:
+def module_operators(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    layers: Sequence[int] | None = None,
+    *,
+    skip_positions: int = 0,
+    chunk: int = 64,
+    batch_size: int = 8,
+    cache_dir=None,
+    progress: bool = True,
+    direction: Direction = "reverse",
+) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k = ∂attn_out_k/∂resid_pre_k
     and ``blocks.k.mlp`` = J̄_M^k = ∂mlp_out_k/∂resid_mid_k, each ``[d_model, d_model]`` (DESIGN §4–5).
 
@@ -291,8 +382,9 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
         raise ValueError(f"layers {bad or layers} out of range for a model with {n_layers} layers.")
     if getattr(model.cfg, "parallel_attn_mlp", False):
         raise NotImplementedError("Parallel attention/MLP blocks have no resid_mid; module operators need it.")
-    inputs = {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers for p, m in (("pre", "attn"),
-                                                                                            ("mid", "mlp"))}
+    inputs = {
+        f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers for p, m in (("pre", "attn"), ("mid", "mlp"))
+    }
     outputs = {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")}
     widths = _widths(model, [*inputs, *outputs])
     perturb = {h: True for h in inputs}
@@ -304,6 +396,18 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
         raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
     names = list(outputs.values())
     d = model.cfg.d_model
-    return _compute(model, tokens, "module", "", names, {n: (d, d) for n in names}, sweeps, widths,
-                    skip_positions=skip_positions, chunk=chunk, batch_size=batch_size, cache_dir=cache_dir,
-                    progress=progress)
+    return _compute(
+        model,
+        tokens,
+        "module",
+        "",
+        names,
+        {n: (d, d) for n in names},
+        sweeps,
+        widths,
+        skip_positions=skip_positions,
+        chunk=chunk,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        progress=progress,
+    )

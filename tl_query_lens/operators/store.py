@@ -103,7 +103,13 @@ class OperatorSet:
     # ----- combining ----------------------------------------------------------------------------------------------
     def compatible(self, other: OperatorSet) -> bool:
         return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks) == (
-            other.kind, other.model_name, other.anchor_hook, other.dtype, other.skip_positions, other.hooks)
+            other.kind,
+            other.model_name,
+            other.anchor_hook,
+            other.dtype,
+            other.skip_positions,
+            other.hooks,
+        )
 
     def merge(self, other: OperatorSet) -> OperatorSet:
         """Sums and counts of two shards added (e.g. two corpora, or two ranks); metadata must agree."""
@@ -124,16 +130,26 @@ class OperatorSet:
         )
 
     def describe(self) -> str:
-        return (f"{self.kind} operators of {self.model_name} ({len(self)} hooks, {self.count} tokens, "
-                f"corpus {self.corpus_fingerprint}, {self.dtype}, skip {self.skip_positions})")
+        return (
+            f"{self.kind} operators of {self.model_name} ({len(self)} hooks, {self.count} tokens, "
+            f"corpus {self.corpus_fingerprint}, {self.dtype}, skip {self.skip_positions})"
+        )
 
     # ----- disk ---------------------------------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_VERSION, "kind": self.kind, "count": self.count, "model_name": self.model_name,
-            "anchor_hook": self.anchor_hook, "corpus_fingerprint": self.corpus_fingerprint, "dtype": self.dtype,
-            "skip_positions": self.skip_positions, "batches_done": self.batches_done, "batch_size": self.batch_size,
-            "hooks": self.hooks, "extra": self.extra,
+            "format": FORMAT_VERSION,
+            "kind": self.kind,
+            "count": self.count,
+            "model_name": self.model_name,
+            "anchor_hook": self.anchor_hook,
+            "corpus_fingerprint": self.corpus_fingerprint,
+            "dtype": self.dtype,
+            "skip_positions": self.skip_positions,
+            "batches_done": self.batches_done,
+            "batch_size": self.batch_size,
+            "hooks": self.hooks,
+            "extra": self.extra,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -146,11 +162,17 @@ class OperatorSet:
         if meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"{path} is not an OperatorSet file of format {FORMAT_VERSION} (metadata: {meta}).")
         return cls(
-            kind=meta["kind"], sums={name: tensors[name] for name in meta["hooks"]}, count=int(meta["count"]),
-            model_name=meta["model_name"], anchor_hook=meta["anchor_hook"],
-            corpus_fingerprint=meta["corpus_fingerprint"], dtype=meta["dtype"],
-            skip_positions=int(meta["skip_positions"]), batches_done=int(meta["batches_done"]),
-            batch_size=int(meta["batch_size"]), extra=meta.get("extra", {}),
+            kind=meta["kind"],
+            sums={name: tensors[name] for name in meta["hooks"]},
+            count=int(meta["count"]),
+            model_name=meta["model_name"],
+            anchor_hook=meta["anchor_hook"],
+            corpus_fingerprint=meta["corpus_fingerprint"],
+            dtype=meta["dtype"],
+            skip_positions=int(meta["skip_positions"]),
+            batches_done=int(meta["batches_done"]),
+            batch_size=int(meta["batch_size"]),
+            extra=meta.get("extra", {}),
         )
 
 
@@ -165,8 +187,15 @@ def check_finite(tensor: torch.Tensor, what: str) -> None:
         )
 
 
-def cache_path(cache_dir: str | Path, kind: str, model_name: str, hooks: list[str], fingerprint: str, dtype: str,
-               skip_positions: int) -> Path:
+def cache_path(
+    cache_dir: str | Path,
+    kind: str,
+    model_name: str,
+    hooks: list[str],
+    fingerprint: str,
+    dtype: str,
+    skip_positions: int,
+) -> Path:
     """Deterministic file name for an operator set, keyed by everything that changes its value."""
     key = json.dumps([kind, model_name, sorted(hooks), fingerprint, dtype, skip_positions, FORMAT_VERSION])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

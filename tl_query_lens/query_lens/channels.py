@@ -266,11 +266,20 @@ def channel_analysis(
                 if fit_name == "closed_form":
                     fit = reduced_rank_regression(values[train], Y[train], rank)
                 else:
-                    fit = fit_adam(values[train], Y[train], rank, lr=cfg.lr, epochs=cfg.epochs,
-                                   init_std=cfg.init_std, seed=cfg.seed)
+                    fit = fit_adam(
+                        values[train],
+                        Y[train],
+                        rank,
+                        lr=cfg.lr,
+                        epochs=cfg.epochs,
+                        init_std=cfg.init_std,
+                        seed=cfg.seed,
+                    )
                 fits[fit_name][name] = fit
-                metrics[fit_name][name] = {**fit_metrics(fit, values[test], Y[test]),
-                                           "train_mse": fit_metrics(fit, values[train], Y[train])["mse"]}
+                metrics[fit_name][name] = {
+                    **fit_metrics(fit, values[test], Y[test]),
+                    "train_mse": fit_metrics(fit, values[train], Y[train])["mse"],
+                }
         logger.info("source layer %d: %d channels fitted", source, len(responses))
     overlaps, summary = {}, {}
     for fit_name in cfg.fits:
@@ -281,8 +290,17 @@ def channel_analysis(
             ol[i, j] = ol[j, i] = subspace_overlap(bases[i], bases[j])
         overlaps[fit_name] = ol.tolist()
         summary[fit_name] = _pair_summary(ol, names, dests, modules, cfg, rank, d)
-    return ChannelAnalysis(channels=names, sources=sources, destinations=dests, modules=modules, rank=rank,
-                           metrics=metrics, overlaps=overlaps, summary=summary, config=dict(cfg.__dict__))
+    return ChannelAnalysis(
+        channels=names,
+        sources=sources,
+        destinations=dests,
+        modules=modules,
+        rank=rank,
+        metrics=metrics,
+        overlaps=overlaps,
+        summary=summary,
+        config=dict(cfg.__dict__),
+    )
 
 
 def _layer_of(module: str) -> int:

@@ -129,9 +129,20 @@ class SignatureEvaluation(SavableResult):
             if r.methods != first.methods or list(r.kl_targets) != list(first.kl_targets):
                 raise ValueError("Only evaluations with the same methods and KL targets can be joined.")
         cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)
-        return cls(first.methods, cat("features", 0), cat("layers", 0), list(first.kl_targets),
-                   cat("input_scores", 1), cat("output_scores", 2), cat("alphas", 1), cat("search_kl", 1),
-                   cat("achieved_kl", 1), cat("steered_top", 1), cat("signature_ids", 1), dict(first.config))
+        return cls(
+            first.methods,
+            cat("features", 0),
+            cat("layers", 0),
+            list(first.kl_targets),
+            cat("input_scores", 1),
+            cat("output_scores", 2),
+            cat("alphas", 1),
+            cat("search_kl", 1),
+            cat("achieved_kl", 1),
+            cat("steered_top", 1),
+            cat("signature_ids", 1),
+            dict(first.config),
+        )
 
     def summary(self, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
         """Mean scores in percent with percentile-bootstrap 95% CIs over features, one row per method."""
@@ -233,8 +244,9 @@ def kl_matched_alphas(
             break
         hi[todo] *= growth
     if len(todo):
-        logger.warning("%d (feature, target) pairs never reached their KL target; α capped at %s", len(todo),
-                       hi[todo].tolist()[:5])
+        logger.warning(
+            "%d (feature, target) pairs never reached their KL target; α capped at %s", len(todo), hi[todo].tolist()[:5]
+        )
     rows = torch.arange(n * n_t)
     for _ in tqdm(range(n_steps), desc="α bisection", leave=False):
         mid = (lo + hi) / 2
@@ -273,8 +285,9 @@ def steering_top_tokens(
     rows = torch.arange(n)
     for prompt in prompts:
         hooks = clamp_hooks(view, features, alphas)
-        text = sample_continuations(model, prompt, n, n_generate=n_generate, temperature=temperature,
-                                    generator=gen, hooks=hooks)
+        text = sample_continuations(
+            model, prompt, n, n_generate=n_generate, temperature=temperature, generator=gen, hooks=hooks
+        )
         run = TeacherForced(model, text, start)
         steered = run.steered_logprobs(view, features, alphas, rows)
         kl += kl_per_row(run.logprobs, steered).cpu()
@@ -323,19 +336,33 @@ def evaluate_signatures(
         prompt_tokens = [model.to_tokens(p, prepend_bos=model.cfg.default_prepend_bos)[0] for p in cfg.prompts]
     prompts = [torch.as_tensor(p).reshape(-1).cpu() for p in prompt_tokens]
     gen = torch.Generator().manual_seed(cfg.seed)
-    clean_text = [sample_continuations(model, p, 1, n_generate=cfg.n_generate, temperature=cfg.temperature,
-                                       generator=gen)[0].cpu() for p in prompts]
+    clean_text = [
+        sample_continuations(model, p, 1, n_generate=cfg.n_generate, temperature=cfg.temperature, generator=gen)[
+            0
+        ].cpu()
+        for p in prompts
+    ]
     if "ZO" in cfg.baselines:
         methods["ZO"] = zero_ablation_signatures(model, view, features, contexts, tokens, k=_k(methods))
     if "TC" in cfg.baselines:
         methods["TC"] = clamp_signatures(model, view, features, clean_text, values=cfg.tc_values, k=_k(methods))
     logger.info("layer %s: α search for %d features, targets %s", view.layer, len(features), cfg.kl_targets)
-    alphas, search_kl = kl_matched_alphas(model, view, features, clean_text, cfg.kl_targets,
-                                          init=contexts.activation[features, 0], n_steps=cfg.n_steps)
+    alphas, search_kl = kl_matched_alphas(
+        model, view, features, clean_text, cfg.kl_targets, init=contexts.activation[features, 0], n_steps=cfg.n_steps
+    )
     steered, achieved = [], []
     for t in range(len(cfg.kl_targets)):
-        top, kl = steering_top_tokens(model, view, features, alphas[t], prompts, n_generate=cfg.n_generate,
-                                      temperature=cfg.temperature, seed=cfg.seed + 1 + t, n_steered=cfg.n_steered)
+        top, kl = steering_top_tokens(
+            model,
+            view,
+            features,
+            alphas[t],
+            prompts,
+            n_generate=cfg.n_generate,
+            temperature=cfg.temperature,
+            seed=cfg.seed + 1 + t,
+            n_steered=cfg.n_steered,
+        )
         steered.append(top)
         achieved.append(kl)
     names = list(methods)

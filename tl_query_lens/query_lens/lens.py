@@ -65,8 +65,11 @@ def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
     suffix = value_hook.rsplit(".", 1)[-1]
     if layer is None or suffix not in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
         raise ValueError(f"Value hooks are residual hooks blocks.l.hook_resid_pre/mid/post, not {value_hook!r}.")
-    modules = {"hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
-               "hook_resid_mid": [f"blocks.{layer}.mlp"], "hook_resid_post": []}[suffix]
+    modules = {
+        "hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
+        "hook_resid_mid": [f"blocks.{layer}.mlp"],
+        "hook_resid_post": [],
+    }[suffix]
     return modules + [f"blocks.{k}.{m}" for k in range(layer + 1, n_layers) for m in ("attn", "mlp")]
 
 
@@ -84,17 +87,31 @@ class QueryLens:
         feature_chunk: features scored per matmul against the vocabulary (memory ∝ feature_chunk × d_vocab).
     """
 
-    def __init__(self, model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], *, skip_positions: int = 0,
-                 chunk: int = 64, batch_size: int = 8, feature_chunk: int = 256, cache_dir=None,
-                 progress: bool = True) -> None:
+    def __init__(
+        self,
+        model: HookedTransformer,
+        tokens: Int[torch.Tensor, "batch pos"],
+        *,
+        skip_positions: int = 0,
+        chunk: int = 64,
+        batch_size: int = 8,
+        feature_chunk: int = 256,
+        cache_dir=None,
+        progress: bool = True,
+    ) -> None:
         if feature_chunk < 1:
             raise ValueError(f"feature_chunk must be ≥ 1, got {feature_chunk}.")
         self.model = model
         self.tokens = check_tokens(model, tokens, skip_positions)
         self.skip_positions = skip_positions
         self.feature_chunk = feature_chunk
-        self._engine = {"skip_positions": skip_positions, "chunk": chunk, "batch_size": batch_size, "cache_dir": cache_dir,
-                            "progress": progress}
+        self._engine = {
+            "skip_positions": skip_positions,
+            "chunk": chunk,
+            "batch_size": batch_size,
+            "cache_dir": cache_dir,
+            "progress": progress,
+        }
         self._value: dict[str, torch.Tensor] = {}
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
@@ -102,9 +119,16 @@ class QueryLens:
         self.n_tokens = int(self.tokens[:, skip_positions:].numel())
 
     # ----- operators ----------------------------------------------------------------------------------------------
-    def precompute(self, dictionaries: Sequence[Any] = (), *, value_methods: Collection[str] = ("full",),
-                   key_methods: Collection[str] = ("full",), value_hooks: Sequence[str] = (),
-                   key_hooks: Sequence[str] = (), module_layers: Sequence[int] = ()) -> None:
+    def precompute(
+        self,
+        dictionaries: Sequence[Any] = (),
+        *,
+        value_methods: Collection[str] = ("full",),
+        key_methods: Collection[str] = ("full",),
+        value_hooks: Sequence[str] = (),
+        key_hooks: Sequence[str] = (),
+        module_layers: Sequence[int] = (),
+    ) -> None:
         """Compute every missing operator the given dictionaries (and/or hooks) need, one engine sweep per kind.
 
         Args:
@@ -155,12 +179,18 @@ class QueryLens:
     @torch.no_grad()
     def corpus_center(self) -> Float[torch.Tensor, " d_model"]:
         """Mean token embedding c over the valid corpus tokens (QL_KEY)."""
-        return self.model.W_E[self.tokens[:, self.skip_positions:].reshape(-1)].mean(0)
+        return self.model.W_E[self.tokens[:, self.skip_positions :].reshape(-1)].mean(0)
 
     # ----- signatures ---------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def value_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                         k: int = 25, method: ValueMethod = "full") -> Signatures:
+    def value_signatures(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        k: int = 25,
+        method: ValueMethod = "full",
+    ) -> Signatures:
         """What each feature promotes: top/bottom-k tokens of its value signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
         values = view.values[ids].to(self.model.cfg.device, torch.float32)
@@ -180,8 +210,17 @@ class QueryLens:
             raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
         directions = self._final_norm(raw)
         check_finite(directions, "value directions")
-        result = self._rank(directions, ids, view, side="value", method=method, k=k, readout="unembed",
-                            add_bias=method == "full", center=None)
+        result = self._rank(
+            directions,
+            ids,
+            view,
+            side="value",
+            method=method,
+            k=k,
+            readout="unembed",
+            add_bias=method == "full",
+            center=None,
+        )
         if terms is not None:
             result.module_names = names
             result.module_contributions = self._contributions(raw, terms, result.top_ids)
@@ -189,26 +228,50 @@ class QueryLens:
         return result
 
     @torch.no_grad()
-    def key_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                       k: int = 25, method: KeyMethod = "full") -> Signatures:
+    def key_signatures(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        k: int = 25,
+        method: KeyMethod = "full",
+    ) -> Signatures:
         """What activates each feature: top/bottom-k tokens of its key signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
         keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
         if method == "logit_lens":
             if view.d_in != self.model.cfg.d_model:
-                raise ValueError(f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
-                                 f"{view.read_hook} has width {view.d_in}. Use method='full'.")
-            return self._rank(keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False,
-                              center=None)
+                raise ValueError(
+                    f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
+                    f"{view.read_hook} has width {view.d_in}. Use method='full'."
+                )
+            return self._rank(
+                keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False, center=None
+            )
         if method != "full":
             raise ValueError(f"method must be 'full' or 'logit_lens', not {method!r}.")
         gradients = keys @ self.key_operator(view.read_hook)  # ḡ = N_lᵀ k, one row per feature
         check_finite(gradients, "key gradients")
-        return self._rank(gradients, ids, view, side="key", method=method, k=k, readout="embed_centred",
-                          add_bias=False, center=self.corpus_center())
+        return self._rank(
+            gradients,
+            ids,
+            view,
+            side="key",
+            method=method,
+            k=k,
+            readout="embed_centred",
+            add_bias=False,
+            center=self.corpus_center(),
+        )
 
-    def signature_set(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                      k: int = 25, methods: Sequence[str] = tuple(SIGNATURE_METHODS)) -> dict[str, Signatures]:
+    def signature_set(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        k: int = 25,
+        methods: Sequence[str] = tuple(SIGNATURE_METHODS),
+    ) -> dict[str, Signatures]:
         """Signatures of the same features by several methods, named as in the paper's Table 1 (``LL_KEY``,
         ``LL_VALUE``, ``QL_KEY``, ``QL_VALUE``, ``QL_VALUE_1st``; see :data:`SIGNATURE_METHODS`)."""
         unknown = [m for m in methods if m not in SIGNATURE_METHODS]
@@ -243,8 +306,9 @@ class QueryLens:
         weight = torch.ones(raw.shape[-1], device=raw.device) if weight is None else weight.detach().float()
         return inv_scale, weight, centre
 
-    def _contributions(self, raw: torch.Tensor, terms: list[torch.Tensor],
-                       top_ids: torch.Tensor) -> Float[torch.Tensor, "n n_terms"]:
+    def _contributions(
+        self, raw: torch.Tensor, terms: list[torch.Tensor], top_ids: torch.Tensor
+    ) -> Float[torch.Tensor, "n n_terms"]:
         """Each term's logit contribution ``W_U[:, t]·(w ⊙ P(c)/σ(u))`` summed over the feature's top-k tokens."""
         inv_scale, weight, centre = self._norm_parts(raw)
         W_U = self.model.W_U.float()
@@ -252,14 +316,28 @@ class QueryLens:
         for term in terms:
             term = term - term.mean(-1, keepdim=True) if centre else term
             linear = term * inv_scale * weight  # w ⊙ P(c)/σ(u)
-            picked = [torch.einsum("nd,dnk->n", linear[s: s + self.feature_chunk],
-                                   W_U[:, top_ids[s: s + self.feature_chunk]])  # Σ over top-k of W_U[:, t]·linear
-                      for s in range(0, len(top_ids), self.feature_chunk)]
+            picked = [
+                torch.einsum(
+                    "nd,dnk->n", linear[s : s + self.feature_chunk], W_U[:, top_ids[s : s + self.feature_chunk]]
+                )  # Σ over top-k of W_U[:, t]·linear
+                for s in range(0, len(top_ids), self.feature_chunk)
+            ]
             contributions.append(torch.cat(picked))
         return torch.stack(contributions, dim=1)
 
-    def _rank(self, directions: torch.Tensor, ids: torch.Tensor, view: KeyValueView, *, side: str, method: str,
-              k: int, readout: str, add_bias: bool, center: torch.Tensor | None) -> Signatures:
+    def _rank(
+        self,
+        directions: torch.Tensor,
+        ids: torch.Tensor,
+        view: KeyValueView,
+        *,
+        side: str,
+        method: str,
+        k: int,
+        readout: str,
+        add_bias: bool,
+        center: torch.Tensor | None,
+    ) -> Signatures:
         """Top/bottom-k of every direction's vocabulary scores, chunked over features (never F × V at once)."""
         model = self.model
         basis = None
@@ -268,7 +346,7 @@ class QueryLens:
         tops, top_scores, bottoms, bottom_scores = [], [], [], []
         starts = range(0, len(ids), self.feature_chunk)
         for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self._engine["progress"]):
-            chunk = directions[start: start + self.feature_chunk]
+            chunk = directions[start : start + self.feature_chunk]
             if basis is not None:
                 scores = chunk.to(basis) @ basis.T
             else:
@@ -281,12 +359,23 @@ class QueryLens:
             bottom_scores.append(low.values.float())
         top_ids, bottom_ids = torch.cat(tops).cpu(), torch.cat(bottoms).cpu()
         result = Signatures(
-            side=side, method=method, hook=view.value_hook if side == "value" else view.read_hook,
-            feature_ids=ids.clone(), top_ids=top_ids, top_scores=torch.cat(top_scores).cpu(),
-            bottom_ids=bottom_ids, bottom_scores=torch.cat(bottom_scores).cpu(), directions=directions.float().cpu(),
-            readout=readout, add_bias=add_bias, center=None if center is None else center.float().cpu(),
-            top_strings=self._strings(top_ids), bottom_strings=self._strings(bottom_ids),
-            model_name=str(model.cfg.model_name), corpus_fingerprint=self.fingerprint, n_tokens=self.n_tokens,
+            side=side,
+            method=method,
+            hook=view.value_hook if side == "value" else view.read_hook,
+            feature_ids=ids.clone(),
+            top_ids=top_ids,
+            top_scores=torch.cat(top_scores).cpu(),
+            bottom_ids=bottom_ids,
+            bottom_scores=torch.cat(bottom_scores).cpu(),
+            directions=directions.float().cpu(),
+            readout=readout,
+            add_bias=add_bias,
+            center=None if center is None else center.float().cpu(),
+            top_strings=self._strings(top_ids),
+            bottom_strings=self._strings(bottom_ids),
+            model_name=str(model.cfg.model_name),
+            corpus_fingerprint=self.fingerprint,
+            n_tokens=self.n_tokens,
             skip_positions=self.skip_positions,
         )
         return result.attach(model)
@@ -297,4 +386,4 @@ class QueryLens:
             return None
         flat = tokenizer.batch_decode([[i] for i in ids.reshape(-1).tolist()])
         width = ids.shape[1]
-        return [flat[r * width: (r + 1) * width] for r in range(ids.shape[0])]
+        return [flat[r * width : (r + 1) * width] for r in range(ids.shape[0])]

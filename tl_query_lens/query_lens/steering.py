@@ -164,4 +164,3 @@ def clamp_signatures(
         delta = (steered - logits_clean).mean(1).reshape(n, len(vals), -1).mean(1)
         total += delta.cpu()
     return total.topk(k, dim=-1).indices
-

@@ -87,11 +87,15 @@ def evaluate_table1(
     """
     cfg = resolve_config(Table1Config, cfg, overrides)
     start = time.perf_counter()
-    lens = QueryLens(model, operator_tokens, skip_positions=cfg.skip_positions, chunk=cfg.chunk,
-                     cache_dir=cfg.cache_dir)
+    lens = QueryLens(
+        model, operator_tokens, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
+    )
     sides = {SIGNATURE_METHODS[m] for m in cfg.methods}
-    lens.precompute(list(dictionaries.values()), value_methods={m for s, m in sides if s == "value"},
-                    key_methods={m for s, m in sides if s == "key"})
+    lens.precompute(
+        list(dictionaries.values()),
+        value_methods={m for s, m in sides if s == "value"},
+        key_methods={m for s, m in sides if s == "key"},
+    )
     seconds = {"operators_s": time.perf_counter() - start}
     gen = torch.Generator().manual_seed(cfg.seed)
     evaluation = cfg.evaluation()
@@ -105,8 +109,11 @@ def evaluate_table1(
         signatures = lens.signature_set(dictionary, features, k=cfg.k, methods=cfg.methods)
         methods = {name: sig.top_ids for name, sig in signatures.items()}
         contexts = max_activating_contexts(model, dictionary, evaluation_tokens, n_contexts=cfg.n_contexts)
-        parts.append(evaluate_signatures(model, dictionary, evaluation_tokens, methods, features, contexts=contexts,
-                                         cfg=evaluation))
+        parts.append(
+            evaluate_signatures(
+                model, dictionary, evaluation_tokens, methods, features, contexts=contexts, cfg=evaluation
+            )
+        )
         logger.info("%s done after %.0f s", label, time.perf_counter() - start)
     result = SignatureEvaluation.concat(parts)
     seconds["total_s"] = time.perf_counter() - start

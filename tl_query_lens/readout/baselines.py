@@ -65,7 +65,7 @@ def random_support(sae, rows: torch.Tensor, *, seed: int = 0, ridge: float = 1e-
 def _ridge_fit(x: torch.Tensor, basis: torch.Tensor, lam: float) -> torch.Tensor:
     """Per row: argmin_c ‖x − cB‖² + λ‖c‖² over its own basis B [k, d]; returns cB."""
     gram = basis @ basis.transpose(1, 2) + lam * torch.eye(basis.shape[1], dtype=x.dtype, device=x.device)
-    rhs = (basis @ x[:, :, None])
+    rhs = basis @ x[:, :, None]
     coef = torch.linalg.solve(gram, rhs)
     return (coef.transpose(1, 2) @ basis)[:, 0]
 
@@ -83,8 +83,14 @@ def nearest_rows(x: torch.Tensor, n: int, *, chunk: int = 1024) -> torch.Tensor:
 
 
 @torch.no_grad()
-def nearest_row_ridge(rows: torch.Tensor, *, n_neighbours: int = 128, ridge: float = 1e-3,
-                      neighbours: torch.Tensor | None = None, chunk: int = 512) -> torch.Tensor:
+def nearest_row_ridge(
+    rows: torch.Tensor,
+    *,
+    n_neighbours: int = 128,
+    ridge: float = 1e-3,
+    neighbours: torch.Tensor | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
     """Ridge regression of each normalised row on its ``n_neighbours`` nearest other rows (λ = 1e-3)."""
     mu, a, x = normalise_rows(rows)
     nb = neighbours if neighbours is not None else nearest_rows(x, n_neighbours)
@@ -136,8 +142,9 @@ def hard_assignment(rows: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def kmeans_ridge(rows: torch.Tensor, centroids: torch.Tensor, *, k: int, ridge: float = 1e-3,
-                 chunk: int = 512) -> torch.Tensor:
+def kmeans_ridge(
+    rows: torch.Tensor, centroids: torch.Tensor, *, k: int, ridge: float = 1e-3, chunk: int = 512
+) -> torch.Tensor:
     """Ridge regression of each row on its top-``k`` centroids by cosine."""
     mu, a, x = normalise_rows(rows)
     out = torch.empty_like(x)
@@ -148,5 +155,13 @@ def kmeans_ridge(rows: torch.Tensor, centroids: torch.Tensor, *, k: int, ridge: 
     return _rows_back(mu, a, out)
 
 
-BASELINE_ORDER = ("shuffled_codes", "random_support", "pca256", "hard_assignment", "kmeans_ridge_small",
-                  "kmeans_ridge_full", "knn_basis", "nearest_row_ridge")
+BASELINE_ORDER = (
+    "shuffled_codes",
+    "random_support",
+    "pca256",
+    "hard_assignment",
+    "kmeans_ridge_small",
+    "kmeans_ridge_full",
+    "knn_basis",
+    "nearest_row_ridge",
+)

@@ -51,7 +51,7 @@ def jacobian_lens(model, operator: torch.Tensor):
     """h ↦ LN_f(M h) for residuals [..., d_model] (M from ``value_operators``)."""
     M = operator.detach().to(model.W_U)
     ln = getattr(model, "ln_final", None)
-    return lambda h: (ln(h @ M.T) if ln is not None else h @ M.T)
+    return lambda h: ln(h @ M.T) if ln is not None else h @ M.T
 
 
 @torch.no_grad()
@@ -108,9 +108,16 @@ def cross_lens_check(
     differ = tok_a != tok_b
     clusters = sequence if sequence is not None else torch.arange(n)
     return CrossLensResult(
-        hook=hook, n_states=n, token_disagreement=differ.float().mean().item(),
-        feature_agreement=agree.mean().item(), feature_agreement_ci=cluster_bootstrap(agree, clusters.cpu()),
+        hook=hook,
+        n_states=n,
+        token_disagreement=differ.float().mean().item(),
+        feature_agreement=agree.mean().item(),
+        feature_agreement_ci=cluster_bootstrap(agree, clusters.cpu()),
         null_shuffled=(dom_a == dom_b[perm]).float().mean().item(),
         null_random_token=(dom_a == dom_rand).float().mean().item(),
         agreement_when_tokens_differ=agree[differ].mean().item() if differ.any() else float("nan"),
-        dominant_a=dom_a, dominant_b=dom_b, tokens_a=tok_a, tokens_b=tok_b)
+        dominant_a=dom_a,
+        dominant_b=dom_b,
+        tokens_a=tok_a,
+        tokens_b=tok_b,
+    )

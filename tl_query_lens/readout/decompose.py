@@ -70,13 +70,16 @@ def _rows_for(sae: ReadoutSAE, model) -> torch.Tensor:
     if model is None:
         rows = sae.bound_rows
         if rows is None:
-            raise ValueError("decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
-                             "to), or call bind(sae, model) once.")
+            raise ValueError(
+                "decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
+                "to), or call bind(sae, model) once."
+            )
         return rows
     if isinstance(model, torch.Tensor):
         if model.shape != (sae.cfg.d_vocab, sae.cfg.d_in):
-            raise ValueError(f"Rows of shape {tuple(model.shape)} do not match the readout SAE "
-                             f"({sae.cfg.d_vocab} × {sae.cfg.d_in}).")
+            raise ValueError(
+                f"Rows of shape {tuple(model.shape)} do not match the readout SAE ({sae.cfg.d_vocab} × {sae.cfg.d_in})."
+            )
         return model
     check_compatible(sae, model)
     return unembedding_rows(model)
@@ -91,11 +94,14 @@ def bind(sae: ReadoutSAE, model) -> ReadoutSAE:
 
 def check_alpha(alpha: torch.Tensor, d_vocab: int) -> torch.Tensor:
     if not isinstance(alpha, torch.Tensor):
-        raise TypeError(f"alpha must be a dense torch.Tensor over the vocabulary, got {type(alpha).__name__}; build "
-                        f"one with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor.")
+        raise TypeError(
+            f"alpha must be a dense torch.Tensor over the vocabulary, got {type(alpha).__name__}; build "
+            f"one with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor."
+        )
     if alpha.ndim != 1 or alpha.shape[0] != d_vocab:
-        raise ValueError(f"alpha must have shape ({d_vocab},) (one coefficient per vocabulary row), got "
-                         f"{tuple(alpha.shape)}.")
+        raise ValueError(
+            f"alpha must have shape ({d_vocab},) (one coefficient per vocabulary row), got {tuple(alpha.shape)}."
+        )
     if not torch.isfinite(alpha).all():
         raise ValueError("alpha contains NaN or inf.")
     return alpha
@@ -143,18 +149,34 @@ def decompose(
     # Σ α_t r_t from the rows' own residuals r_t = w_t − μ − Σ_i z_{t,i} d_i (computed once per dictionary and rows).
     r_alpha = a @ resid
     beta = torch.zeros(sae.cfg.d_sae, dtype=dtype, device=rows.device).index_add_(
-        0, idx.reshape(-1), (a[:, None] * val).reshape(-1))
+        0, idx.reshape(-1), (a[:, None] * val).reshape(-1)
+    )
     proj = h2 @ D.T
     alpha_sum = float(a.sum())
     result = Decomposition(
-        exact=h2 @ (a @ w), bias=alpha_sum * (h2 @ mu), contributions=proj * beta, residual=h2 @ r_alpha,
-        beta=beta, projections=proj, alpha_sum=alpha_sum)
+        exact=h2 @ (a @ w),
+        bias=alpha_sum * (h2 @ mu),
+        contributions=proj * beta,
+        residual=h2 @ r_alpha,
+        beta=beta,
+        projections=proj,
+        alpha_sum=alpha_sum,
+    )
     if single:
-        tokenizer = getattr(model, "tokenizer", None) if model is not None and not isinstance(model, torch.Tensor) else None
+        tokenizer = (
+            getattr(model, "tokenizer", None) if model is not None and not isinstance(model, torch.Tensor) else None
+        )
         labels = feature_labels(sae, [i for i, _ in result.top(n_top)], n=n_label, tokenizer=tokenizer)
         result.top_features = [
-            {"feature": i, "contribution": c, "beta": float(beta[i]), "projection": float(proj[0, i]),
-             "label": labels[i]} for i, c in result.top(n_top)]
+            {
+                "feature": i,
+                "contribution": c,
+                "beta": float(beta[i]),
+                "projection": float(proj[0, i]),
+                "label": labels[i],
+            }
+            for i, c in result.top(n_top)
+        ]
     return result
 
 

@@ -96,9 +96,13 @@ def _family_scores(logits: torch.Tensor, mean_logit: torch.Tensor, sb: ScoreBank
     g = lambda t: logits.gather(1, t.to(logits.device)[:, None] if t.ndim == 1 else t.to(logits.device))
     top1, ru, pair, grp = sb.top1[sl], sb.runner_up[sl], sb.margin_pair[sl], sb.group[sl]
     s1 = g(top1)[:, 0]
-    return {"token_logit": s1, "top1_vs_competitor": s1 - g(ru)[:, 0],
-            "margin": g(pair)[:, 0] - g(pair)[:, 1], "group_mean": g(grp).mean(1),
-            "vocab_mean_contrast": s1 - mean_logit}
+    return {
+        "token_logit": s1,
+        "top1_vs_competitor": s1 - g(ru)[:, 0],
+        "margin": g(pair)[:, 0] - g(pair)[:, 1],
+        "group_mean": g(grp).mean(1),
+        "vocab_mean_contrast": s1 - mean_logit,
+    }
 
 
 @torch.no_grad()
@@ -154,13 +158,20 @@ def evaluate_reconstruction(
     clusters = sb.sequence.repeat(len(CONTRASTS))
     cov_c = covered(rc_c, ex_c).float()
     return ReadoutEval(
-        method=method, row_ev=row_ev, top1=agree_t.mean().item(),
+        method=method,
+        row_ev=row_ev,
+        top1=agree_t.mean().item(),
         top1_ci=cluster_bootstrap(agree_t, sb.sequence, n_boot=n_boot),
-        kl_mean_bits=kl_t.mean().item(), kl_median_bits=kl_t.median().item(),
-        coverage=cov_c.mean().item(), coverage_ci=cluster_bootstrap(cov_c, clusters, n_boot=n_boot),
-        coverage_by_family=cov_by, rho_median=rho(ex_c - rc_c, ex_c).median().item(),
+        kl_mean_bits=kl_t.mean().item(),
+        kl_median_bits=kl_t.median().item(),
+        coverage=cov_c.mean().item(),
+        coverage_ci=cluster_bootstrap(cov_c, clusters, n_boot=n_boot),
+        coverage_by_family=cov_by,
+        rho_median=rho(ex_c - rc_c, ex_c).median().item(),
         sign_agreement=(torch.sign(rc_c) == torch.sign(ex_c)).float().mean().item(),
-        n_states=len(bank), n_clusters=int(sb.sequence.unique().numel()))
+        n_states=len(bank),
+        n_clusters=int(sb.sequence.unique().numel()),
+    )
 
 
 @dataclass
@@ -184,8 +195,9 @@ def _fit(pred: torch.Tensor, meas: torch.Tensor) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def ablation_regression(sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512,
-                        seed: int = 0) -> AblationRegression:
+def ablation_regression(
+    sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512, seed: int = 0
+) -> AblationRegression:
     """Ablate each of the top-``n_features`` |c_i| of the top-1-vs-competitor score of held-out states."""
     from tl_query_lens.readout.decompose import decompose
 

@@ -27,8 +27,15 @@ from tl_query_lens.results import SavableResult
 logger = logging.getLogger(__name__)
 
 
-def _baselines(sae: ReadoutSAE, rows: torch.Tensor, cache: dict, *, kmeans_widths: tuple[int, int] | None,
-               kmeans_iters: int, ridge_k: int | None) -> dict[str, Callable[[], torch.Tensor]]:
+def _baselines(
+    sae: ReadoutSAE,
+    rows: torch.Tensor,
+    cache: dict,
+    *,
+    kmeans_widths: tuple[int, int] | None,
+    kmeans_iters: int,
+    ridge_k: int | None,
+) -> dict[str, Callable[[], torch.Tensor]]:
     def neighbours():
         if "nb" not in cache:
             cache["nb"] = bl.nearest_rows(normalise_rows(rows)[2], 128)
@@ -91,14 +98,27 @@ class ReadoutReport(SavableResult):
     ablation: AblationRegression | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
-    COLUMNS = ("method", "row_ev", "top1", "top1_ci", "kl_mean_bits", "kl_median_bits", "coverage", "coverage_ci",
-               "rho_median", "sign_agreement", "seconds")
+    COLUMNS = (
+        "method",
+        "row_ev",
+        "top1",
+        "top1_ci",
+        "kl_mean_bits",
+        "kl_median_bits",
+        "coverage",
+        "coverage_ci",
+        "rho_median",
+        "sign_agreement",
+        "seconds",
+    )
 
     def table(self) -> tuple[list[str], list[list]]:
         """``(columns, rows)``: the SAE first, then every baseline."""
         cols = list(self.COLUMNS)
-        rows = [[getattr(r, c) if c != "seconds" else self.seconds.get(r.method, float("nan")) for c in cols]
-                for r in [self.srp, *self.baselines.values()]]
+        rows = [
+            [getattr(r, c) if c != "seconds" else self.seconds.get(r.method, float("nan")) for c in cols]
+            for r in [self.srp, *self.baselines.values()]
+        ]
         return cols, rows
 
 
@@ -125,19 +145,29 @@ def evaluate_readout(
     seconds: dict[str, float] = {}
     dense: dict = {}
     start = time.perf_counter()
-    srp = evaluate_reconstruction("srp", rows, sae.reconstructed_rows().detach(), states, b_U=b_U, score_bank=sb,
-                                  n_boot=cfg.n_boot, dense_cache=dense)
+    srp = evaluate_reconstruction(
+        "srp",
+        rows,
+        sae.reconstructed_rows().detach(),
+        states,
+        b_U=b_U,
+        score_bank=sb,
+        n_boot=cfg.n_boot,
+        dense_cache=dense,
+    )
     seconds["srp"] = time.perf_counter() - start
     report = ReadoutReport(srp=srp, seconds=seconds)
     if cfg.ablation_states:
         report.ablation = ablation_regression(sae, rows, states, max_states=cfg.ablation_states)
     cache: dict = {}
-    makers = _baselines(sae, rows, cache, kmeans_widths=cfg.kmeans_widths, kmeans_iters=cfg.kmeans_iters,
-                        ridge_k=cfg.ridge_k)
+    makers = _baselines(
+        sae, rows, cache, kmeans_widths=cfg.kmeans_widths, kmeans_iters=cfg.kmeans_iters, ridge_k=cfg.ridge_k
+    )
     for name in cfg.baselines:
         start = time.perf_counter()
-        res = evaluate_reconstruction(name, rows, makers[name](), states, b_U=b_U, score_bank=sb, n_boot=cfg.n_boot,
-                                      dense_cache=dense)
+        res = evaluate_reconstruction(
+            name, rows, makers[name](), states, b_U=b_U, score_bank=sb, n_boot=cfg.n_boot, dense_cache=dense
+        )
         seconds[name] = time.perf_counter() - start
         report.baselines[name] = res
         logger.info("%s: top-1 %.3f, coverage %.3f (%.0f s)", name, res.top1, res.coverage, seconds[name])

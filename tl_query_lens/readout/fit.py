@@ -80,7 +80,17 @@ class ReadoutFitConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("width_mult", "k", "steps", "batch_rows", "batch_pairs", "top_n", "n_seqs", "seq_len", "log_every"):
+        for name in (
+            "width_mult",
+            "k",
+            "steps",
+            "batch_rows",
+            "batch_pairs",
+            "top_n",
+            "n_seqs",
+            "seq_len",
+            "log_every",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ReadoutFitConfig.{name} must be positive, got {getattr(self, name)}.")
         if self.width is not None and self.width < self.k:
@@ -97,7 +107,9 @@ class ReadoutFitConfig:
         if name == "cpu":
             return cls(**overrides)
         if name == "paper":
-            return cls(**{"width_mult": 32, "k": 256, "steps": 20_000, "batch_rows": 4096, "batch_pairs": 1024, **overrides})
+            return cls(
+                **{"width_mult": 32, "k": 256, "steps": 20_000, "batch_rows": 4096, "batch_pairs": 1024, **overrides}
+            )
         raise ValueError(f"Unknown preset {name!r}; choose 'cpu' or 'paper'.")
 
 
@@ -114,7 +126,11 @@ class ReadoutFit(SavableResult):
 
 def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> None:
     n_rows, width = x.shape[0], sae.cfg.d_sae
-    pick = torch.randint(n_rows, (width,), generator=gen) if width > n_rows else torch.randperm(n_rows, generator=gen)[:width]
+    pick = (
+        torch.randint(n_rows, (width,), generator=gen)
+        if width > n_rows
+        else torch.randperm(n_rows, generator=gen)[:width]
+    )
     noise = torch.randn(width, x.shape[1], generator=gen) * (0.1 / math.sqrt(x.shape[1]))
     dec = F.normalize(x[pick].cpu() + noise, dim=-1).to(x)
     with torch.no_grad():
@@ -186,8 +202,12 @@ def fit_readout(
             from tl_query_lens.corpus import load_corpus
 
             if getattr(model, "tokenizer", None) is None:
-                raise ValueError("The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...).")
-            tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
+                raise ValueError(
+                    "The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...)."
+                )
+            tokens = load_corpus(
+                cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed
+            )
         states = collect_states(model, tokens)
     h_bank = states.states.to(device)
     top1 = states.top1.to(device)
@@ -198,10 +218,19 @@ def fit_readout(
     mu, norms, x = normalise_rows(rows)
 
     sae_cfg = ReadoutSAEConfig(
-        d_in=d_model, d_sae=width, d_vocab=d_vocab, k=cfg.k, dtype="float32", device=str(device),
-        metadata=SAEMetadata(model_name=model.cfg.model_name, hook_name="ln_final.hook_normalized",
-                             hook_layer=model.cfg.n_layers - 1, prepend_bos=model.cfg.default_prepend_bos,
-                             context_size=model.cfg.n_ctx),
+        d_in=d_model,
+        d_sae=width,
+        d_vocab=d_vocab,
+        k=cfg.k,
+        dtype="float32",
+        device=str(device),
+        metadata=SAEMetadata(
+            model_name=model.cfg.model_name,
+            hook_name="ln_final.hook_normalized",
+            hook_layer=model.cfg.n_layers - 1,
+            prepend_bos=model.cfg.default_prepend_bos,
+            context_size=model.cfg.n_ctx,
+        ),
     )
     sae = ReadoutSAE(sae_cfg)
     with torch.no_grad():
@@ -222,9 +251,14 @@ def fit_readout(
             logger.warning("Stopping at step %d of %d: max_seconds=%s reached.", step - 1, cfg.steps, cfg.max_seconds)
             break
         steps_done = step
-        pick = torch.cat([torch.multinomial(freq_probs, n_freq, replacement=True, generator=gen) if n_freq else
-                          torch.empty(0, dtype=torch.long),
-                          torch.randint(d_vocab, (cfg.batch_rows - n_freq,), generator=gen)]).to(device)
+        pick = torch.cat(
+            [
+                torch.multinomial(freq_probs, n_freq, replacement=True, generator=gen)
+                if n_freq
+                else torch.empty(0, dtype=torch.long),
+                torch.randint(d_vocab, (cfg.batch_rows - n_freq,), generator=gen),
+            ]
+        ).to(device)
         pairs = torch.randint(h_bank.shape[0], (cfg.batch_pairs,), generator=gen).to(device)
         tok = top1[pairs]
         batch = torch.cat([x[pick], x[tok]])
@@ -232,7 +266,7 @@ def fit_readout(
         x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[idx])
         mse = F.mse_loss(x_hat[: len(pick)], batch[: len(pick)])
         h = h_bank[pairs]
-        r = norms[tok, None] * (x[tok] - x_hat[len(pick):])  # r_t = w_t − (μ + a_t x̂_t)
+        r = norms[tok, None] * (x[tok] - x_hat[len(pick) :])  # r_t = w_t − (μ + a_t x̂_t)
         ratio = (h * r).sum(-1) / (h * rows[tok]).sum(-1).abs().clamp_min(1e-6)
         prism = ratio.pow(2).mean()
         code_pen = vals[: len(pick)].pow(2).sum() / (len(pick) * width)  # mean over all F code entries
@@ -243,37 +277,59 @@ def fit_readout(
         opt.step()
         with torch.no_grad():
             sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8))
-            fired.index_add_(0, idx[: len(pick)][vals[: len(pick)] > 0],
-                             torch.ones(int((vals[: len(pick)] > 0).sum()), device=device))
+            fired.index_add_(
+                0,
+                idx[: len(pick)][vals[: len(pick)] > 0],
+                torch.ones(int((vals[: len(pick)] > 0).sum()), device=device),
+            )
             rows_seen += len(pick)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            record = {"step": step, "loss": loss.item(), "mse": mse.item(), "prism": prism.item(),
-                      "code_l2": code_pen.item(), "row_ev_batch": 1.0 - mse.item() * d_model,
-                      "dead_rate_window": (fired == 0).float().mean().item(),
-                      "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
-                      "seconds": time.perf_counter() - start_time}
+            record = {
+                "step": step,
+                "loss": loss.item(),
+                "mse": mse.item(),
+                "prism": prism.item(),
+                "code_l2": code_pen.item(),
+                "row_ev_batch": 1.0 - mse.item() * d_model,
+                "dead_rate_window": (fired == 0).float().mean().item(),
+                "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
+                "seconds": time.perf_counter() - start_time,
+            }
             history.append(record)
-            bar.set_postfix(mse=f"{record['mse']:.2e}", prism=f"{record['prism']:.3f}",
-                            dead=f"{record['dead_rate_window']:.2f}")
+            bar.set_postfix(
+                mse=f"{record['mse']:.2e}", prism=f"{record['prism']:.3f}", dead=f"{record['dead_rate_window']:.2f}"
+            )
             fired.zero_()
             rows_seen = 0
     sae.store_codes(rows)
     sae.bound_rows = rows  # decompose() needs no model= right after fitting
     usage = feature_usage(sae)
-    final = {"dead_rate": (usage == 0).float().mean().item(),
-             "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),
-             "row_ev": row_explained_variance(sae, rows), "seconds": time.perf_counter() - start_time,
-             "width": width, "k": cfg.k, "steps": steps_done}
-    logger.info("Readout SAE fitted in %.0f s: rowEV %.3f, dead %.3f, rare %.3f", final["seconds"], final["row_ev"],
-                final["dead_rate"], final["rare_rate"])
+    final = {
+        "dead_rate": (usage == 0).float().mean().item(),
+        "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),
+        "row_ev": row_explained_variance(sae, rows),
+        "seconds": time.perf_counter() - start_time,
+        "width": width,
+        "k": cfg.k,
+        "steps": steps_done,
+    }
+    logger.info(
+        "Readout SAE fitted in %.0f s: rowEV %.3f, dead %.3f, rare %.3f",
+        final["seconds"],
+        final["row_ev"],
+        final["dead_rate"],
+        final["rare_rate"],
+    )
     return ReadoutFit(sae=sae, config=cfg, seconds=final["seconds"], history=history, final=final)
 
 
 @torch.no_grad()
 def row_explained_variance(sae: ReadoutSAE, rows: torch.Tensor) -> float:
     """rowEV = 1 − Σ‖w_t − ŵ_t‖² / Σ‖w_t − μ‖² over all vocabulary rows (raw row space)."""
-    err = sum(((rows[i] - sae.reconstructed_rows(torch.arange(i.start, i.stop))) ** 2).sum().item()
-              for i in _chunks(rows.shape[0], 4096))
+    err = sum(
+        ((rows[i] - sae.reconstructed_rows(torch.arange(i.start, i.stop))) ** 2).sum().item()
+        for i in _chunks(rows.shape[0], 4096)
+    )
     return 1.0 - err / ((rows - sae.b_dec) ** 2).sum().item()
 
 

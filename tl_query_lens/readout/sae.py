@@ -57,7 +57,9 @@ class ReadoutSAEConfig(SAEConfig):
         if not 0 < self.k <= self.d_sae:
             raise ValueError(f"k must be in 1..d_sae={self.d_sae}, got {self.k}.")
         if not self.apply_b_dec_to_input:
-            raise ValueError("A readout SAE subtracts the row mean μ (= b_dec) from its input: keep apply_b_dec_to_input.")
+            raise ValueError(
+                "A readout SAE subtracts the row mean μ (= b_dec) from its input: keep apply_b_dec_to_input."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return super().to_dict()
@@ -172,12 +174,15 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
             raise IndexError(f"Token ids must be in 0..{self.cfg.d_vocab - 1} (this dictionary's vocabulary).")
         return tokens
 
-    def reconstructed_rows(self, tokens: Int[torch.Tensor, " n"] | None = None, *,
-                           chunk: int = 4096) -> Float[torch.Tensor, "n d_model"]:
+    def reconstructed_rows(
+        self, tokens: Int[torch.Tensor, " n"] | None = None, *, chunk: int = 4096
+    ) -> Float[torch.Tensor, "n d_model"]:
         """ŵ_t = μ + Σ_i z_{t,i} d_i from the stored codes (densified in chunks of rows to bound memory)."""
         idx, val = self.row_codes(tokens)
-        return torch.cat([decode_sparse(i, v, self.W_dec) for i, v in zip(idx.split(chunk), val.split(chunk))]
-                         ) + self.b_dec
+        return (
+            torch.cat([decode_sparse(i, v, self.W_dec) for i, v in zip(idx.split(chunk), val.split(chunk))])
+            + self.b_dec
+        )
 
     def _float64_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # The cache holds ``rows`` itself, so ``is`` + version counters identify it (no reused data_ptr can alias).
@@ -186,8 +191,12 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         if cached is None or cached[0] is not rows or cached[1] != versions:
             with torch.no_grad():  # float64, so the identity holds to ~1e-12 whatever the score's size
                 W_dec = self.W_dec.double()
-                recon = torch.cat([decode_sparse(i, v, W_dec) for i, v in
-                                   zip(self.code_indices.split(4096), self.code_values.split(4096))])
+                recon = torch.cat(
+                    [
+                        decode_sparse(i, v, W_dec)
+                        for i, v in zip(self.code_indices.split(4096), self.code_values.split(4096))
+                    ]
+                )
                 rows64 = rows.to(W_dec)
                 cached = (rows, versions, rows64, rows64 - recon - self.b_dec.double())
             self._residual_cache = cached
@@ -252,17 +261,23 @@ def check_compatible(sae: ReadoutSAE, model, *, atol: float = 1e-3) -> None:
     """Raise unless ``sae`` was fitted to ``model``'s unembedding (widths, vocabulary, and row norms a_t agree)."""
     d_model, d_vocab = model.cfg.d_model, model.cfg.d_vocab
     if sae.cfg.d_in != d_model:
-        raise ValueError(f"This readout SAE has d_in={sae.cfg.d_in} but the model has d_model={d_model}: it was "
-                         f"fitted to another model; fit one with ReadoutSAE.fit(model) or `tlql readout fit`.")
+        raise ValueError(
+            f"This readout SAE has d_in={sae.cfg.d_in} but the model has d_model={d_model}: it was "
+            f"fitted to another model; fit one with ReadoutSAE.fit(model) or `tlql readout fit`."
+        )
     if sae.cfg.d_vocab != d_vocab:
-        raise ValueError(f"Vocabulary mismatch: the readout SAE has {sae.cfg.d_vocab} rows, the model's LM head "
-                         f"{d_vocab}; fit one for this model with ReadoutSAE.fit(model) or `tlql readout fit`.")
+        raise ValueError(
+            f"Vocabulary mismatch: the readout SAE has {sae.cfg.d_vocab} rows, the model's LM head "
+            f"{d_vocab}; fit one for this model with ReadoutSAE.fit(model) or `tlql readout fit`."
+        )
     rows = unembedding_rows(model).to(sae.b_dec)
     norms = (rows - sae.b_dec).norm(dim=-1)
     err = (norms - sae.row_norms).abs().max().item()
     if err > atol * max(1.0, sae.row_norms.abs().max().item()):
-        raise ValueError(f"The model's LM-head rows differ from the ones this readout SAE was fitted to (max row-norm "
-                         f"difference {err:.3g}); load the same model (same fold_ln settings) or refit.")
+        raise ValueError(
+            f"The model's LM-head rows differ from the ones this readout SAE was fitted to (max row-norm "
+            f"difference {err:.3g}); load the same model (same fold_ln settings) or refit."
+        )
 
 
 if "readout" not in SAE_CLASS_REGISTRY:
