@@ -40,6 +40,7 @@ from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.hooks import hook_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -121,8 +122,9 @@ class AbsorptionResult(SavableResult):
     """First-letter absorption of one dictionary (lower is better).
 
     Attributes:
-        mean_absorption_fraction: mean over scored letters (None when fewer than ``min_letters`` qualify).
-        mean_full_absorption: mean rate of full absorption over scored letters (None likewise).
+        mean_absorption_fraction: mean over scored letters (None when none qualifies; when fewer than
+            ``min_letters`` qualify SAEBench reports nothing: ``note`` says so and the mean is kept for reference).
+        mean_full_absorption: mean rate of full absorption over scored letters.
         mean_split_features: mean number of main latents per scored letter.
         n_letters: letters whose probe F1 exceeds ``min_probe_f1``.
         per_letter: letter → {probe_f1, absorption_fraction, full_absorption, n_true_positives, main_latents}.
@@ -200,10 +202,12 @@ def first_letter_activations(
     is_train = [i < n_train for i in range(len(words))]
     prompts, pos = build_first_letter_prompts(model, words, is_train, cfg)
     hooks = list(dict.fromkeys(hooks))
+    layers = [hook_layer(h) for h in hooks]
+    stop = None if None in layers or max(layers) + 1 >= model.cfg.n_layers else max(layers) + 1  # type: ignore
     acts: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     for start in tqdm(range(0, len(prompts), cfg.batch_size), desc="first-letter prompts", leave=False):
         batch = prompts[start : start + cfg.batch_size].to(model.cfg.device)
-        _, cache = model.run_with_cache(batch, names_filter=hooks)
+        _, cache = model.run_with_cache(batch, names_filter=hooks, stop_at_layer=stop)
         for h in hooks:
             acts[h].append(cache[h][:, pos].float().cpu())
     return FirstLetterActivations(
@@ -370,18 +374,19 @@ def first_letter_absorption(
             "full_absorption": sum(fulls) / n if n else 0.0,
             "n_true_positives": n,
             "main_latents": mains[letter],
+            "n_main": len(mains[letter]),
         }
     scored = [v for v in per_letter.values() if v["probe_f1"] > cfg.min_probe_f1]
     note = ""
     if len(scored) < cfg.min_letters:
-        note = (f"only {len(scored)} letters have a probe with test F1 > {cfg.min_probe_f1} at {view.write_hook} "
-                f"(SAEBench needs {cfg.min_letters}); lower min_letters or raise n_words to score anyway")
-        logger.warning("No absorption score: %s", note)
+        note = (f"only {len(scored)} letters have a probe with test F1 > {cfg.min_probe_f1} at {view.write_hook}: "
+                f"SAEBench needs {cfg.min_letters} and would report no score (raise n_words)")
+        logger.warning("Absorption below SAEBench's letter minimum: %s", note)
 
     def mean(key: str) -> float | None:
-        return sum(v[key] for v in scored) / len(scored) if scored and not note else None
+        return sum(v[key] for v in scored) / len(scored) if scored else None
 
-    split = sum(len(v["main_latents"]) for v in scored) / len(scored) if scored and not note else None
+    split = mean("n_main") if scored else None
     return AbsorptionResult(
         mean_absorption_fraction=mean("absorption_fraction"),
         mean_full_absorption=mean("full_absorption"),
