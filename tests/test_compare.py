@@ -96,3 +96,37 @@ def test_compare_on_tiny_models_saves_and_loads(style, tmp_path):
     assert set(faith) == {"random FF-KV vanilla L1"}  # FF-KV rows are not transcoders
     loaded = DictionaryComparison.load(result.save(tmp_path / "cmp"))
     assert loaded.rows == result.rows and loaded.faithfulness == result.faithfulness
+
+
+def test_saes_compare_command_on_a_tiny_model(monkeypatch, tmp_path):
+    """`tlql saes compare` with a saved SAELens Transcoder: one table, FF-KV variants, the random control."""
+    import csv
+
+    import tl_query_lens
+    from sae_lens import Transcoder, TranscoderConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    from tl_query_lens.cli import main
+
+    model = tiny_model("gated_rms")
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, **k: tiny_tokens(model, n_seqs=3, seq_len=8))
+    torch.manual_seed(0)
+    tc = Transcoder(TranscoderConfig(d_in=32, d_sae=48, d_out=32, dtype="float32", device="cpu", apply_b_dec_to_input=False,
+                                     metadata=SAEMetadata(hook_name="blocks.1.ln2.hook_normalized",
+                                                          hook_name_out="blocks.1.hook_mlp_out")))
+    with torch.no_grad():
+        for p in tc.parameters():
+            p.normal_(0, 0.3)
+    tc.save_model(tmp_path / "tc1")
+    out = tmp_path / "cmp"
+    argv = ["saes", "compare", "--layers", "1", "--release", "", "--dictionaries", str(tmp_path / "tc1"),
+            "--k", "4", "--no-absorption", "--no-wandb", "--out", str(out)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((out / "comparison.csv").open()))
+    assert [r["label"] for r in rows] == ["FF-KV vanilla L1", "FF-KV TopK-4 L1", "FF-KV normalized L1",
+                                          "transcoder L1 tc1", "random FF-KV vanilla L1", "random FF-KV topk4 L1"]
+    assert [r["kind"] for r in rows][3] == "transcoder"
+    faith = [r["label"] for r in csv.DictReader((out / "faithfulness.csv").open())]
+    assert faith == ["transcoder L1 tc1", "random FF-KV vanilla L1"]
+    assert DictionaryComparison.load(out).rows[1]["mean_l0"] == pytest.approx(4.0)
