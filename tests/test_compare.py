@@ -102,10 +102,10 @@ def test_saes_compare_command_on_a_tiny_model(monkeypatch, tmp_path):
     """`tlql saes compare` with a saved SAELens Transcoder: one table, FF-KV variants, the random control."""
     import csv
 
-    import tl_query_lens
     from sae_lens import Transcoder, TranscoderConfig
     from sae_lens.saes.sae import SAEMetadata
 
+    import tl_query_lens
     from tl_query_lens.cli import main
 
     model = tiny_model("gated_rms")

@@ -147,7 +147,7 @@ def first_letter_words(tokenizer, n_words: int, seed: int = 0) -> list[tuple[int
     words = []
     for token, idx in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
         text = tokenizer.convert_tokens_to_string([token])
-        stripped = text[1:] if text.startswith(" ") else text
+        stripped = text.removeprefix(" ")
         if stripped and stripped.isascii() and stripped.isalpha():
             words.append((idx, text))
     if len(words) < 2:
@@ -198,7 +198,7 @@ def first_letter_activations(
     """Run the first-letter prompts once and keep every hook's activation at the word position."""
     cfg = cfg or AbsorptionConfig()
     words = first_letter_words(model.tokenizer, cfg.n_words, cfg.seed)
-    n_train = int(round(len(words) * cfg.train_fraction))
+    n_train = round(len(words) * cfg.train_fraction)
     is_train = [i < n_train for i in range(len(words))]
     prompts, pos = build_first_letter_prompts(model, words, is_train, cfg)
     hooks = list(dict.fromkeys(hooks))

@@ -18,7 +18,11 @@ import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
-from tl_query_lens.dictionaries.absorption import AbsorptionConfig, first_letter_absorption, first_letter_activations
+from tl_query_lens.dictionaries.absorption import (
+    AbsorptionConfig,
+    first_letter_absorption,
+    first_letter_activations,
+)
 from tl_query_lens.dictionaries.faithfulness import FaithfulnessConfig, transcoder_faithfulness
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
