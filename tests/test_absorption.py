@@ -136,3 +136,31 @@ def test_per_word_rules_equal_saebench_calculator():
             assert full == ref.is_full_absorption, word
             branches.add((round(fraction, 6) in (0.0, 1.0), full))
     assert len(branches) >= 3  # partial, zero/one and full-absorption cases were all exercised
+
+
+@pytest.mark.slow
+def test_first_letter_prompts_on_the_embedded_model():
+    """Prompts put the word token at the returned position, answers are right, and the collected activations equal
+    TransformerLens' own cache of the full forward pass at that position."""
+    from tl_query_lens import load_model
+    from tl_query_lens.dictionaries.absorption import (
+        build_first_letter_prompts,
+        first_letter_activations,
+        first_letter_words,
+    )
+
+    model = load_model("smollm2-135m")
+    tok = model.tokenizer
+    cfg = AbsorptionConfig(n_words=24, n_icl_examples=2, batch_size=8)
+    words = first_letter_words(tok, 24, cfg.seed)
+    assert all(text.strip().isalpha() and len(tok.encode(text, add_special_tokens=False)) >= 1 for _, text in words)
+    prompts, pos = build_first_letter_prompts(model, words, [i < 19 for i in range(24)], cfg)
+    assert prompts[:, pos].tolist() == [idx for idx, _ in words]
+    for line in tok.decode(prompts[0]).split("\n")[1:-1]:  # the in-context examples
+        word, answer = line.split(" has the first letter: ")
+        assert answer == word.strip()[0].upper()
+    hook = "blocks.3.hook_resid_post"
+    data = first_letter_activations(model, [hook], cfg=cfg)
+    _, cache = model.run_with_cache(prompts[:2], names_filter=[hook])
+    torch.testing.assert_close(data.acts[hook][:2], cache[hook][:, pos], atol=1e-4, rtol=1e-4)
+    assert data.is_train.sum() == 19 and data.words == [text for _, text in words]
