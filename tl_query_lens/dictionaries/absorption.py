@@ -350,8 +350,9 @@ def first_letter_absorption(
     y_tr, y_te = data.letters[tr], data.letters[te]
     probe_w, probe_b = train_letter_probe(x_probe[tr], y_tr, epochs=cfg.probe_epochs, batch=cfg.probe_batch,
                                           lr=cfg.probe_lr, wd=cfg.probe_wd, seed=cfg.seed)
-    scores_te = x_probe[te] @ probe_w.T + probe_b
-    mains = main_latents(codes[tr], codes[te], y_tr, y_te, cfg)
+    x_te, codes_te = x_probe[te], codes[te]
+    scores_te = x_te @ probe_w.T + probe_b
+    mains = main_latents(codes[tr], codes_te, y_tr, y_te, cfg)
     values = view.values.float().cpu()
     unit_values = values / values.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     per_letter: dict[str, dict] = {}
@@ -362,8 +363,8 @@ def first_letter_absorption(
         rows = torch.nonzero((y_te == letter) & (scores_te[:, letter] > 0)).flatten()
         fractions, fulls = [], []
         for r in rows.tolist():
-            acts = codes[te][r]
-            fraction, full = _word_absorption((x_probe[te][r] @ direction).item(), acts * (values @ direction),
+            acts = codes_te[r]
+            fraction, full = _word_absorption((x_te[r] @ direction).item(), acts * (values @ direction),
                                               cos, acts, mains[letter], cfg)
             fractions.append(fraction)
             fulls.append(full)

@@ -99,8 +99,7 @@ class DictionaryComparison(SavableResult):
 def dictionary_kind(sae: SAE) -> str:
     """``"ffkv:<variant>"``, ``"transcoder"`` (reads one hook, writes another) or ``"sae"``."""
     if sae.cfg.architecture() == "ffkv":
-        variant = sae.cfg.variant if sae.cfg.k is None else f"topk{sae.cfg.k}"
-        return f"ffkv:{variant}" if sae.cfg.variant != "normalized" else "ffkv:normalized"
+        return f"ffkv:topk{sae.cfg.k}" if sae.cfg.variant == "topk" else f"ffkv:{sae.cfg.variant}"
     view = as_key_value(sae)
     return "transcoder" if view.write_hook != view.read_hook else "sae"
 
