@@ -164,3 +164,22 @@ def test_first_letter_prompts_on_the_embedded_model():
     _, cache = model.run_with_cache(prompts[:2], names_filter=[hook])
     torch.testing.assert_close(data.acts[hook][:2], cache[hook][:, pos], atol=1e-4, rtol=1e-4)
     assert data.is_train.sum() == 19 and data.words == [text for _, text in words]
+
+
+def test_write_vectors_follow_decoder_norm_rescaling():
+    """A TopK SAE that divides codes by ‖W_dec_i‖ writes W_dec_i/‖W_dec_i‖ per unit code: the projections used for
+    absorption must see that (SAEBench's a·cos is right for it; a·(W_dec·p) would not be)."""
+    from sae_lens import TopKSAE, TopKSAEConfig
+
+    from tl_query_lens.dictionaries.absorption import write_vectors
+
+    torch.manual_seed(0)
+    sae = TopKSAE(TopKSAEConfig(d_in=8, d_sae=20, k=3, rescale_acts_by_decoder_norm=True, dtype="float32",
+                                device="cpu", metadata=SAEMetadata(hook_name=HOOK)))
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.normal_()
+    vectors = write_vectors(sae)
+    torch.testing.assert_close(vectors, sae.W_dec / sae.W_dec.norm(dim=1, keepdim=True))
+    codes = sae.encode(torch.randn(5, 8))
+    torch.testing.assert_close(codes @ vectors + sae.b_dec, sae.decode(codes))

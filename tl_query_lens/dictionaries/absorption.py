@@ -18,8 +18,9 @@ dictionary reads, which is wrong for transcoders and FF-KV. This file is the sam
 (1) the probe is trained at the dictionary's *write* hook (what its decoder reconstructs) and the codes come from its
 *read* hook (both are ``hook_resid_post`` for a residual SAE, where this is SAEBench's procedure exactly); (2) a seeded
 sample of words, prompts built as token ids (each word is one vocabulary token, so every prompt has the same length),
-one prompt per word reused for the absorption step; (3) projections are ``a_i · (d_i · p̂)``, which equals SAEBench's
-``a_i · cos(d_i, p̂)`` for the unit-norm decoders it requires (vanilla FF-KV values are not unit-norm); (4) the
+one prompt per word reused for the absorption step; (3) projections are ``a_i · (v_i · p̂)`` with v_i = decode(e_i) − decode(0), the feature's actual
+write vector, which equals SAEBench's ``a_i · cos(d_i, p̂)`` for the unit-norm decoders it requires (vanilla FF-KV
+values are not unit-norm; TopK SAEs that rescale codes by ‖d_i‖ are); (4) the
 k-sparse logistic regressions are fitted in torch (L-BFGS, L2 with C = 1, balanced class weights: sklearn's defaults);
 (5) the L1 probe that ranks latents starts from zero: with ~1,600 training words SAEBench's batch of 4,096 gives one
 Adam step per epoch, and PyTorch's random init (±1/√d_sae) would outweigh those 50 steps on a narrow dictionary.
@@ -330,6 +331,20 @@ def _word_absorption(
 
 
 @torch.no_grad()
+def write_vectors(dictionary: SAE, chunk: int = 1024) -> Float[torch.Tensor, "d_sae d_out"]:
+    """What one unit of each feature adds to the reconstruction: ``decode(e_i) − decode(0)``.
+
+    Equals ``W_dec`` for plain decoders, and keeps the scale right for dictionaries that divide codes by
+    ``‖W_dec_i‖`` before decoding (SAELens' ``rescale_acts_by_decoder_norm``).
+    """
+    d_sae = dictionary.W_dec.shape[0]
+    kw = {"dtype": dictionary.dtype, "device": dictionary.device}
+    zero = dictionary.decode(torch.zeros(1, d_sae, **kw))
+    eye = torch.eye(d_sae, **kw)
+    return torch.cat([dictionary.decode(eye[i : i + chunk]) - zero for i in range(0, d_sae, chunk)]).float().cpu()
+
+
+@torch.no_grad()
 def first_letter_absorption(
     dictionary: SAE, data: FirstLetterActivations, *, cfg: AbsorptionConfig | None = None, **overrides
 ) -> AbsorptionResult:
@@ -353,7 +368,7 @@ def first_letter_absorption(
     x_te, codes_te = x_probe[te], codes[te]
     scores_te = x_te @ probe_w.T + probe_b
     mains = main_latents(codes[tr], codes_te, y_tr, y_te, cfg)
-    values = view.values.float().cpu()
+    values = write_vectors(dictionary)
     unit_values = values / values.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     per_letter: dict[str, dict] = {}
     for letter, name in enumerate(LETTERS):
