@@ -31,12 +31,13 @@ def test_offline_run_logs_table_and_artifact(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_DIR", raising=False)
     rows = [[0, 0.5, "a"], [1, 0.25, "b"]]
     with Tracker(tmp_path, name="test", config={"k": 3}) as tracker:
-        assert tracker.run.settings.mode == "offline"
         table_path = tracker.log_table("summary", ["layer", "score", "tag"], rows)
         tracker.log_scalars("metrics", {"ev": 0.9})
         tracker.log_plot("curve", go.Figure(go.Scatter(x=[0, 1], y=[1, 2])))
         tracker.log_artifact("summary-files", [table_path])
-        run_dir = tracker.run_dir
+        assert tracker.run_dir is None  # W&B is opened only after the results are on disk
+    run_dir = tracker.run_dir
+    assert tracker.wandb_error is None and run_dir.name.startswith("offline-run-")
     assert table_path.read_text().splitlines()[1] == "0,0.5,a"  # on disk first
     records = read_offline_records(next(run_dir.glob("*.wandb")))
     kinds = [r.WhichOneof("record_type") for r in records]
