@@ -31,7 +31,7 @@ class Tracker:
         use_wandb: False keeps everything on disk only.
 
     ``WANDB_MODE`` defaults to ``offline``; a user's own ``WANDB_MODE`` wins. Run files go to ``WANDB_DIR`` if set,
-    else ``out_dir``. After :meth:`finish`, ``run_dir`` is the W&B run folder (None without a run) and
+    else ``out_dir``. ``WANDB_INIT_TIMEOUT`` (seconds) bounds how long an unreachable server is retried. After :meth:`finish`, ``run_dir`` is the W&B run folder (None without a run) and
     ``wandb_error`` the reason W&B failed (None if it did not).
     """
 
@@ -114,8 +114,10 @@ class Tracker:
     def _log_run(self, wandb, mode: str) -> None:
         wandb_dir = Path(os.environ.get("WANDB_DIR", self.out_dir))
         wandb_dir.mkdir(parents=True, exist_ok=True)
+        timeout = os.environ.get("WANDB_INIT_TIMEOUT")  # seconds W&B retries an unreachable server (default 90)
+        settings = wandb.Settings(init_timeout=float(timeout)) if timeout else None
         run = wandb.init(project=self.project, name=self.name, config=self.config, mode=mode, dir=str(wandb_dir),
-                         reinit="finish_previous")
+                         reinit="finish_previous", settings=settings)
         try:
             for kind, payload in self._pending:
                 if kind == "scalars":

@@ -183,8 +183,9 @@ def check_readout_available(model: str, sae_id: str) -> None:
         return
     cached = sorted(p.name for p in folder.parent.glob("*") if (p / "cfg.json").exists()) if folder.parent.is_dir() \
         else []
+    preset = sae_id if sae_id in ("cpu", "paper") else "cpu"
     raise InputError(f"No readout SAE {sae_id!r} for {model} is cached (cached: {cached or 'none'}); fit it with "
-                     f"`{fit_command(model, sae_id)}`, or pass --sae-id one of those or --sae-path <folder>.")
+                     f"`{fit_command(model, sae_id, preset)}`, or pass --sae-id one of those or --sae-path <folder>.")
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
