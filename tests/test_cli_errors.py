@@ -41,7 +41,9 @@ def _sae_folder(path, cfg=None, weights=True):
     if cfg is not None:
         (path / "cfg.json").write_text(json.dumps(cfg))
     if weights:
-        save_file({"W_dec": torch.zeros(4, 8), "W_enc": torch.zeros(8, 4)}, str(path / "sae_weights.safetensors"))
+        save_file(
+            {"W_dec": torch.zeros(4, 8), "W_enc": torch.zeros(8, 4)}, str(path / "sae_weights.safetensors")
+        )
     return path
 
 
@@ -66,12 +68,15 @@ def files(tmp_path):
     f["not_sae"] = tmp_path / "not_sae"
     f["not_sae"].mkdir()
     (f["not_sae"] / "notes.txt").write_text("hello")
-    f["no_dtype_sae"] = _sae_folder(tmp_path / "no_dtype", {"d_in": 8, "d_sae": 4, "architecture": "standard"})
+    f["no_dtype_sae"] = _sae_folder(
+        tmp_path / "no_dtype", {"d_in": 8, "d_sae": 4, "architecture": "standard"}
+    )
     f["truncated_sae"] = _sae_folder(tmp_path / "truncated", {"d_in": 8, "d_sae": 4, "dtype": "float32"})
     data = (f["truncated_sae"] / "sae_weights.safetensors").read_bytes()
     (f["truncated_sae"] / "sae_weights.safetensors").write_bytes(data[: len(data) // 3])
-    f["unknown_arch_sae"] = _sae_folder(tmp_path / "unknown_arch",
-                                        {"d_in": 8, "d_sae": 4, "dtype": "float32", "architecture": "mystery"})
+    f["unknown_arch_sae"] = _sae_folder(
+        tmp_path / "unknown_arch", {"d_in": 8, "d_sae": 4, "dtype": "float32", "architecture": "mystery"}
+    )
     f["bad_json_sae"] = _sae_folder(tmp_path / "bad_json", None)
     (f["bad_json_sae"] / "cfg.json").write_text("{'d_in': 8")
     return f
@@ -96,26 +101,50 @@ CASES = [
     ("layers_empty_item", ["ffkv", "--layers", "1,,2"], "'' is not an id"),
     ("layers_words", ["ffkv", "--layers", "first"], "'first' is not an id"),
     ("layers_out_of_range", ["ffkv", "--layers", "0-40"], "--layers 0-40 out of range; valid: 0..29"),
-    ("features_out_of_range", ["query-lens", "--features", "0-5000"], "--features 0-5000 out of range; valid: 0..1535"),
+    (
+        "features_out_of_range",
+        ["query-lens", "--features", "0-5000"],
+        "--features 0-5000 out of range; valid: 0..1535",
+    ),
     ("features_negative", ["query-lens", "--features", "-1"], "'-1' is not an id"),
     ("sources_out_of_range", ["ql-channels", "--sources", "30"], "--sources 30 out of range"),
     ("corpus_missing", ["ffkv", "--corpus", "/nonexistent.txt"], "/nonexistent.txt: no such file or folder"),
     ("corpus_empty_txt", ["ffkv", "--corpus", "{empty_txt}"], "holds no documents"),
     ("corpus_bad_jsonl_line", ["ffkv", "--corpus", "{bad_jsonl}"], "bad.jsonl:2: line 2 is not valid JSON"),
-    ("corpus_jsonl_no_text", ["ffkv", "--corpus", "{no_text_jsonl}"], "notext.jsonl:2: line 2 has no 'text' field"),
+    (
+        "corpus_jsonl_no_text",
+        ["ffkv", "--corpus", "{no_text_jsonl}"],
+        "notext.jsonl:2: line 2 has no 'text' field",
+    ),
     ("corpus_not_utf8", ["ffkv", "--corpus", "{latin1_txt}"], "is not UTF-8 text"),
     ("corpus_wrong_suffix", ["ffkv", "--corpus", "{csv}"], "corpus files are .txt"),
     ("corpus_empty_folder", ["ffkv", "--corpus", "{empty_dir}"], "holds no .txt or .jsonl files"),
     ("out_is_file", ["ffkv", "--out", "{a_file}"], "is a file, not a folder"),
     ("out_under_file", ["query-lens", "--out", "{a_file}/sub"], "cannot be created"),
     ("cache_dir_is_file", ["query-lens", "--cache-dir", "{a_file}"], "--cache-dir"),
-    ("certify_not_an_sae", ["certify", "--dictionary", "{not_sae}"], "holds no cfg.json, so it is not a saved SAE"),
+    (
+        "certify_not_an_sae",
+        ["certify", "--dictionary", "{not_sae}"],
+        "holds no cfg.json, so it is not a saved SAE",
+    ),
     ("certify_empty_folder", ["certify", "--dictionary", "{empty_dir}"], "holds no cfg.json"),
     ("certify_cfg_without_dtype", ["certify", "--dictionary", "{no_dtype_sae}"], "lacks ['dtype']"),
-    ("certify_truncated_weights", ["certify", "--dictionary", "{truncated_sae}"], "is not a readable safetensors"),
-    ("certify_unknown_architecture", ["certify", "--dictionary", "{unknown_arch_sae}"], "architecture 'mystery'"),
+    (
+        "certify_truncated_weights",
+        ["certify", "--dictionary", "{truncated_sae}"],
+        "is not a readable safetensors",
+    ),
+    (
+        "certify_unknown_architecture",
+        ["certify", "--dictionary", "{unknown_arch_sae}"],
+        "architecture 'mystery'",
+    ),
     ("certify_cfg_not_json", ["certify", "--dictionary", "{bad_json_sae}"], "cfg.json: is not valid JSON"),
-    ("certify_missing_folder", ["certify", "--dictionary", "ffkv,/no/such/sae"], "neither 'ffkv' nor an existing"),
+    (
+        "certify_missing_folder",
+        ["certify", "--dictionary", "ffkv,/no/such/sae"],
+        "neither 'ffkv' nor an existing",
+    ),
     ("certify_too_few_sequences", ["certify", "--n-eval", "10"], "the minimum is N ="),
     ("certify_delta", ["certify", "--delta", "1.5"], "--delta must lie strictly between 0 and 1"),
     ("n_seqs_zero", ["ffkv", "--n-seqs", "0"], "--n-seqs must be ≥ 1"),
@@ -128,8 +157,11 @@ CASES = [
     ("too_many_prompts", ["ql-evaluate", "--n-prompts", "99"], "neutral prompts exist"),
     ("unknown_fit", ["ql-channels", "--fits", "closed_form,lbfgs"], "use 'closed_form', 'adam'"),
     ("unknown_baseline", ["readout", "eval", "--baselines", "pca256,nope"], "['nope'] unknown"),
-    ("readout_id_not_cached", ["readout", "decompose", "hello", "--sae-id", "never-fitted"],
-     "No readout SAE 'never-fitted'"),
+    (
+        "readout_id_not_cached",
+        ["readout", "decompose", "hello", "--sae-id", "never-fitted"],
+        "No readout SAE 'never-fitted'",
+    ),
     ("readout_path_not_sae", ["readout", "eval", "--sae-path", "{not_sae}"], "holds no cfg.json"),
 ]
 
@@ -168,6 +200,7 @@ def test_argparse_errors_also_exit_2(capsys):
 
 def test_bugs_keep_their_traceback(monkeypatch, tmp_path):
     """Errors that are not the user's (here a RuntimeError inside the command) are not swallowed."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("internal bug")
 

@@ -13,7 +13,13 @@ from tl_query_lens import FFKV, QueryLens, certify
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.saved import load_sae
 from tl_query_lens.dictionaries.splice import SpliceMetrics, splice_metrics
-from tl_query_lens.errors import CorruptFileError, HookNotFoundError, InputError, NonFiniteError, OutOfRangeError
+from tl_query_lens.errors import (
+    CorruptFileError,
+    HookNotFoundError,
+    InputError,
+    NonFiniteError,
+    OutOfRangeError,
+)
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.operators import value_operators
 from tl_query_lens.query_lens import Signatures
@@ -37,8 +43,11 @@ def _cal_ev(model):
 
 def test_nan_dictionary_signatures_name_the_dictionary_and_tensor(model):
     lens = QueryLens(model, tiny_tokens(model, 2, 8), progress=False)
-    with pytest.raises(NonFiniteError, match=r"FFKVSAE at blocks\.1\.ln2\.hook_normalized → blocks\.1\.hook_mlp_out "
-                                             r"has 1 non-finite entries \(NaN/inf\) in values \(W_dec\)"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"FFKVSAE at blocks\.1\.ln2\.hook_normalized → blocks\.1\.hook_mlp_out "
+        r"has 1 non-finite entries \(NaN/inf\) in values \(W_dec\)",
+    ):
         lens.value_signatures(_nan_ffkv(model), [0, 1], k=3)
 
 
@@ -95,7 +104,9 @@ def test_truncated_operator_cache_names_the_file_and_deleting_it_fixes_it(model,
     (path,) = tmp_path.glob("*.safetensors")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CorruptFileError, match=rf"{path.name}: is not a readable safetensors file .* Delete it"):
+    with pytest.raises(
+        CorruptFileError, match=rf"{path.name}: is not a readable safetensors file .* Delete it"
+    ):
         value_operators(model, tokens, hooks, cache_dir=tmp_path, progress=False)
     path.unlink()
     again = value_operators(model, tokens, hooks, cache_dir=tmp_path, progress=False)
@@ -113,8 +124,16 @@ def test_query_lens_with_a_corrupt_cache_names_the_file(model, tmp_path):
 
 
 def _metrics():
-    return SpliceMetrics(alive_rate=1.0, mean_l0=2.0, explained_variance=0.5, ce_clean=1.0, ce_spliced=1.1,
-                         ce_delta=0.1, kl=0.01, n_tokens=10)
+    return SpliceMetrics(
+        alive_rate=1.0,
+        mean_l0=2.0,
+        explained_variance=0.5,
+        ce_clean=1.0,
+        ce_spliced=1.1,
+        ce_delta=0.1,
+        kl=0.01,
+        n_tokens=10,
+    )
 
 
 def test_result_folder_without_result_json(tmp_path):
@@ -142,7 +161,9 @@ def test_result_folder_with_missing_fields(tmp_path):
 
 def test_result_folder_with_truncated_tensors(model, tmp_path):
     lens = QueryLens(model, tiny_tokens(model, 2, 8), progress=False)
-    folder = lens.value_signatures(FFKV.from_model(model, 1), [0, 1], k=3, method="logit_lens").save(tmp_path / "s")
+    folder = lens.value_signatures(FFKV.from_model(model, 1), [0, 1], k=3, method="logit_lens").save(
+        tmp_path / "s"
+    )
     tensors = folder / "tensors.safetensors"
     tensors.write_bytes(tensors.read_bytes()[:100])
     with pytest.raises(CorruptFileError, match=r"tensors\.safetensors: is not a readable safetensors file"):
@@ -174,7 +195,9 @@ def test_sae_folder_loads_when_valid(model, tmp_path):
 def test_unknown_hook_message_is_plain_text(model):
     with pytest.raises(HookNotFoundError) as info:
         check_hook(model, "blocks.1.hook_resid_pots")
-    assert isinstance(info.value, KeyError) and str(info.value).startswith("Unknown hook 'blocks.1.hook_resid_pots'")
+    assert isinstance(info.value, KeyError) and str(info.value).startswith(
+        "Unknown hook 'blocks.1.hook_resid_pots'"
+    )
     assert "blocks.1.hook_resid_post" in str(info.value)
 
 
@@ -198,8 +221,19 @@ def test_decompose_with_nan_readout_names_it(tmp_path):
     from tl_query_lens.readout import fit_readout, token_logit
 
     model = tiny_model("gelu_ln")
-    fit = fit_readout(model, tiny_tokens(model, 4, 8), width=64, k=4, steps=5, batch_rows=32, batch_pairs=16,
-                      log_every=5, use_wandb=False, progress=False, out_dir=tmp_path)
+    fit = fit_readout(
+        model,
+        tiny_tokens(model, 4, 8),
+        width=64,
+        k=4,
+        steps=5,
+        batch_rows=32,
+        batch_pairs=16,
+        log_every=5,
+        use_wandb=False,
+        progress=False,
+        out_dir=tmp_path,
+    )
     sae = fit.sae
     with torch.no_grad():
         sae.W_dec[2, 0] = float("inf")

@@ -30,7 +30,9 @@ from tl_query_lens.errors import (
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.operators.engine import check_tokens
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 MODEL = tiny_model("gelu_ln")  # d_vocab 61, n_ctx 32, 3 layers
 
 
@@ -116,8 +118,13 @@ def test_float_lists(values):
 
 
 # ----- corpora ----------------------------------------------------------------------------------------------------
-line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85"
-                                  "\u2028\u2029"), min_size=1, max_size=40)
+line_text = st.text(
+    st.characters(
+        blacklist_categories=("Cs",), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 @SETTINGS
@@ -140,7 +147,9 @@ def test_jsonl_corpus_round_trip(tmp_path_factory, docs):
 @given(st.lists(line_text, min_size=1, max_size=8), st.data())
 def test_jsonl_bad_line_is_named(tmp_path_factory, docs, data):
     bad = data.draw(st.integers(0, len(docs) - 1))
-    garbage = data.draw(st.sampled_from(['{"text": oops}', "[1, 2]", '{"body": "x"}', "{", '"just a string"']))
+    garbage = data.draw(
+        st.sampled_from(['{"text": oops}', "[1, 2]", '{"body": "x"}', "{", '"just a string"'])
+    )
     lines = [json.dumps({"text": d}) for d in docs]
     lines[bad] = garbage
     path = tmp_path_factory.mktemp("bad") / "c.jsonl"
@@ -157,8 +166,13 @@ def test_document_split_is_a_deterministic_function_of_the_text(text):
 
 # ----- token tensors ----------------------------------------------------------------------------------------------
 @SETTINGS
-@given(st.integers(1, 4), st.integers(1, 40), st.integers(-3, MODEL.cfg.d_vocab + 3), st.integers(0, 10 ** 6),
-       st.sampled_from([torch.long, torch.int32]))
+@given(
+    st.integers(1, 4),
+    st.integers(1, 40),
+    st.integers(-3, MODEL.cfg.d_vocab + 3),
+    st.integers(0, 10**6),
+    st.sampled_from([torch.long, torch.int32]),
+)
 def test_check_tokens_accepts_exactly_the_valid_batches(batch, pos, extreme, seed, dtype):
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, MODEL.cfg.d_vocab, (batch, pos), generator=gen).to(dtype)
@@ -187,8 +201,10 @@ def test_check_tokens_refuses_other_types_and_shapes(dtype, ndim):
 
 # ----- hooks ------------------------------------------------------------------------------------------------------
 @SETTINGS
-@given(st.sampled_from(["resid_pre", "resid_mid", "resid_post", "mlp_out", "attn_out", "post", "pre", "z", "q"]),
-       st.integers(0, 2))
+@given(
+    st.sampled_from(["resid_pre", "resid_mid", "resid_post", "mlp_out", "attn_out", "post", "pre", "z", "q"]),
+    st.integers(0, 2),
+)
 def test_every_hook_built_with_get_act_name_is_accepted(kind, layer):
     name = get_act_name(kind, layer)
     assert check_hook(MODEL, name) == name
@@ -215,11 +231,16 @@ class _Out:
 
 
 @SETTINGS
-@given(st.floats(allow_nan=True, allow_infinity=True), st.lists(st.floats(width=32), min_size=1, max_size=6),
-       st.lists(st.floats(), max_size=4))
+@given(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.lists(st.floats(width=32), min_size=1, max_size=6),
+    st.lists(st.floats(), max_size=4),
+)
 def test_output_checks_name_every_non_finite_field(a, b, c):
     out = _Out(a=a, b=torch.tensor(b), c=c, n=3)
-    bad = [name for name, values in (("a", [a]), ("b", b), ("c", c)) if not all(math.isfinite(v) for v in values)]
+    bad = [
+        name for name, values in (("a", [a]), ("b", b), ("c", c)) if not all(math.isfinite(v) for v in values)
+    ]
     if bad:
         with pytest.raises(NonFiniteError) as info:
             check_outputs(out, "method")

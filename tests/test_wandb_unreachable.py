@@ -38,8 +38,9 @@ def unreachable_wandb(monkeypatch, tmp_path):
 def tiny_loaders(monkeypatch):
     model = tiny_model("gelu_ln")
     monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
-    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs,
-                                                                                                    seq_len))
+    monkeypatch.setattr(
+        tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
+    )
     return model
 
 
@@ -49,10 +50,14 @@ def _check_warning(text: str, out) -> None:
     assert "wandb sync" in text and "--no-wandb" in text and "WANDB_MODE=offline" in text
 
 
-def test_cli_finishes_with_results_when_wandb_is_unreachable(unreachable_wandb, tiny_loaders, tmp_path, caplog):
+def test_cli_finishes_with_results_when_wandb_is_unreachable(
+    unreachable_wandb, tiny_loaders, tmp_path, caplog
+):
     out = tmp_path / "ffkv"
     with caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"):
-        rc = main(["ffkv", "--layers", "0,2", "--k", "8", "--n-seqs", "2", "--seq-len", "8", "--out", str(out)])
+        rc = main(
+            ["ffkv", "--layers", "0,2", "--k", "8", "--n-seqs", "2", "--seq-len", "8", "--out", str(out)]
+        )
     assert rc == 0
     rows = list(csv.DictReader((out / "ffkv_summary.csv").open()))
     assert [r["layer"] for r in rows] == ["0", "2"]
@@ -64,20 +69,21 @@ def test_cli_finishes_with_results_when_wandb_is_unreachable(unreachable_wandb, 
 
 
 def test_tracker_keeps_results_and_names_the_fix(unreachable_wandb, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"):
-        with Tracker(tmp_path, name="t") as tracker:
-            path = tracker.log_table("rows", ["a"], [[1], [2]])
-            tracker.log_scalars("s", {"x": 1.0})
+    with (
+        caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"),
+        Tracker(tmp_path, name="t") as tracker,
+    ):
+        path = tracker.log_table("rows", ["a"], [[1], [2]])
+        tracker.log_scalars("s", {"x": 1.0})
     assert path.read_text().splitlines() == ["a", "1", "2"] and (tmp_path / "s.json").exists()
     assert tracker.wandb_error.startswith("UsageError")
     _check_warning(caplog.text, tmp_path)
 
 
 def test_a_failing_block_logs_nothing_to_wandb(unreachable_wandb, tmp_path, caplog):
-    with pytest.raises(RuntimeError, match="stop"):
-        with Tracker(tmp_path, name="t") as tracker:
-            tracker.log_scalars("s", {"x": 1.0})
-            raise RuntimeError("stop")
+    with pytest.raises(RuntimeError, match="stop"), Tracker(tmp_path, name="t") as tracker:
+        tracker.log_scalars("s", {"x": 1.0})
+        raise RuntimeError("stop")
     assert (tmp_path / "s.json").exists() and tracker.run_dir is None and tracker.wandb_error is None
 
 
@@ -86,8 +92,10 @@ def test_refused_connection_with_a_key(unreachable_wandb, monkeypatch, tmp_path,
     """With an API key W&B retries the refused server until ``WANDB_INIT_TIMEOUT``; the results still stand."""
     monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
-    with caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"):
-        with Tracker(tmp_path, name="t") as tracker:
-            tracker.log_scalars("s", {"x": 1.0})
+    with (
+        caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"),
+        Tracker(tmp_path, name="t") as tracker,
+    ):
+        tracker.log_scalars("s", {"x": 1.0})
     assert (tmp_path / "s.json").exists() and tracker.wandb_error.startswith("CommError")
     assert "wandb sync" in caplog.text

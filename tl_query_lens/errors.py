@@ -70,8 +70,10 @@ def check_finite(tensor: torch.Tensor, what: str, *, hint: str = "") -> torch.Te
     """Return ``tensor`` if it is finite, else raise :class:`NonFiniteError` naming ``what`` (plus ``hint``)."""
     bad = count_non_finite(tensor)
     if bad:
-        raise NonFiniteError(f"The {what} has {bad} non-finite entries (NaN/inf) of {tensor.numel()}." +
-                             (f" {hint}" if hint else ""))
+        raise NonFiniteError(
+            f"The {what} has {bad} non-finite entries (NaN/inf) of {tensor.numel()}."
+            + (f" {hint}" if hint else "")
+        )
     return tensor
 
 
@@ -97,8 +99,9 @@ def check_dictionary_finite(dictionary: Any, tensors: dict[str, torch.Tensor]) -
             )
 
 
-def check_outputs(result: Any, what: str, *, nan_only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
-                  hint: str = "") -> Any:
+def check_outputs(
+    result: Any, what: str, *, nan_only: tuple[str, ...] = (), skip: tuple[str, ...] = (), hint: str = ""
+) -> Any:
     """Check every float and float-tensor field of a result dataclass before it is reported.
 
     Args:
@@ -122,8 +125,10 @@ def check_outputs(result: Any, what: str, *, nan_only: tuple[str, ...] = (), ski
         if bad:
             bad_fields.append(f"{field.name} ({bad})")
     if bad_fields:
-        raise NonFiniteError(f"{what} produced non-finite values in {', '.join(bad_fields)}; nothing was reported."
-                             + (f" {hint}" if hint else ""))
+        raise NonFiniteError(
+            f"{what} produced non-finite values in {', '.join(bad_fields)}; nothing was reported."
+            + (f" {hint}" if hint else "")
+        )
     return result
 
 
@@ -134,7 +139,10 @@ def _floats(value: Any) -> torch.Tensor | None:
         return None
     if isinstance(value, float):
         return torch.tensor([value], dtype=torch.float64)
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, float) and not isinstance(v, bool)
-                                                          for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, float) and not isinstance(v, bool) for v in value)
+    ):
         return torch.tensor([float(v) for v in value], dtype=torch.float64)
     return None

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import Self
+
 from tl_query_lens.results import atomic_write_text, write_json
 
 logger = logging.getLogger(__name__)
@@ -148,7 +150,7 @@ class Tracker:
                        "(Python: use_wandb=False); to log offline from the start set WANDB_MODE=offline.",
                        reason, self.out_dir, later)
 
-    def __enter__(self) -> Tracker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:

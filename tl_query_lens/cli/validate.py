@@ -22,9 +22,28 @@ _ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 MAX_IDS = 10_000_000  # a range larger than this is a typo, not a request
 
 # Options that must be ≥ 1 / ≥ 0 / in (0, 1) / > 0 wherever a subcommand has them.
-POSITIVE_INTS = ("k", "n_seqs", "seq_len", "chunk", "features_per_layer", "op_seqs", "op_seq_len", "n_contexts",
-                 "n_generate", "n_prompts", "n_steps", "epochs", "n_permutations", "rank", "width", "steps", "n_cal",
-                 "n_eval", "batch_size", "top")
+POSITIVE_INTS = (
+    "k",
+    "n_seqs",
+    "seq_len",
+    "chunk",
+    "features_per_layer",
+    "op_seqs",
+    "op_seq_len",
+    "n_contexts",
+    "n_generate",
+    "n_prompts",
+    "n_steps",
+    "epochs",
+    "n_permutations",
+    "rank",
+    "width",
+    "steps",
+    "n_cal",
+    "n_eval",
+    "batch_size",
+    "top",
+)
 NON_NEGATIVE_INTS = ("seed", "skip_positions")
 OPEN_UNIT = ("delta", "alpha")
 POSITIVE_FLOATS = ("temperature", "max_seconds")
@@ -56,13 +75,17 @@ def parse_ranges(text: str, upper: int | None, what: str) -> list[int]:
     for item in text.split(","):
         match = _ITEM.match(item)
         if not match:
-            raise InputError(f"{what} {text!r}: {item.strip()!r} is not an id or a range lo-hi; "
-                             "write e.g. '3', '0-9' or '0-9,15'.")
+            raise InputError(
+                f"{what} {text!r}: {item.strip()!r} is not an id or a range lo-hi; "
+                "write e.g. '3', '0-9' or '0-9,15'."
+            )
         lo = int(match[1])
         hi = int(match[2]) if match[2] is not None else lo
         if hi < lo:
-            raise InputError(f"{what} {text!r}: the range {item.strip()!r} is empty (start after end); "
-                             f"did you mean '{hi}-{lo}'?")
+            raise InputError(
+                f"{what} {text!r}: the range {item.strip()!r} is empty (start after end); "
+                f"did you mean '{hi}-{lo}'?"
+            )
         spans.append((lo, hi))
     if upper is not None:
         bad = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in spans if hi >= upper]
@@ -91,7 +114,9 @@ def parse_floats(text: str, what: str, *, positive: bool = True) -> list[float]:
         try:
             value = float(item)
         except ValueError:
-            raise InputError(f"{what} {text!r}: {item.strip()!r} is not a number; write e.g. '0.25,0.5'.") from None
+            raise InputError(
+                f"{what} {text!r}: {item.strip()!r} is not a number; write e.g. '0.25,0.5'."
+            ) from None
         if not math.isfinite(value) or (positive and value <= 0):
             raise InputError(f"{what} {text!r}: {item.strip()!r} must be a finite number > 0.")
         values.append(value)
@@ -102,22 +127,29 @@ def check_folder(path: str | Path, what: str = "--out") -> Path:
     """A folder that can be created and written: not a file, under a writable existing ancestor."""
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
+        raise InputError(
+            f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing)."
+        )
     ancestor = folder
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise InputError(f"{what} {folder} cannot be created: {ancestor} is a file. Choose another path.")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(f"{what} {folder} cannot be written: {ancestor} is read-only for this user. "
-                         "Choose a writable folder.")
+        raise InputError(
+            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. "
+            "Choose a writable folder."
+        )
     return folder
 
 
 def looks_like_path(source: str) -> bool:
     """True for sources meant as local paths (absolute, ./, ~, or a corpus suffix); else an HF dataset name."""
-    return source.startswith(("/", ".", "~")) or Path(source).suffix in {".txt", ".jsonl", ".json"} or \
-        source.count("/") > 1
+    return (
+        source.startswith(("/", ".", "~"))
+        or Path(source).suffix in {".txt", ".jsonl", ".json"}
+        or source.count("/") > 1
+    )
 
 
 def check_corpus(source: str, what: str = "--corpus") -> None:
@@ -130,15 +162,21 @@ def check_corpus(source: str, what: str = "--corpus") -> None:
     path = Path(source).expanduser()
     if path.exists():
         if path.is_file() and path.suffix not in {".txt", ".jsonl"}:
-            raise InputError(f"{what} {path}: corpus files are .txt (blank-line-separated documents) or .jsonl "
-                             "({'text': ...} per line); rename or convert it.")
+            raise InputError(
+                f"{what} {path}: corpus files are .txt (blank-line-separated documents) or .jsonl "
+                "({'text': ...} per line); rename or convert it."
+            )
         if not read_documents(path):
-            raise InputError(f"{what} {path} holds no documents; a .txt needs text (documents separated by blank "
-                             "lines), a .jsonl one {'text': ...} object per line.")
+            raise InputError(
+                f"{what} {path} holds no documents; a .txt needs text (documents separated by blank "
+                "lines), a .jsonl one {'text': ...} object per line."
+            )
         return
     if looks_like_path(source):
-        raise MissingFileError(f"{what} {source}: no such file or folder. Give an existing .txt/.jsonl file or "
-                               "folder, or 'embedded'.")
+        raise MissingFileError(
+            f"{what} {source}: no such file or folder. Give an existing .txt/.jsonl file or "
+            "folder, or 'embedded'."
+        )
 
 
 def check_model_name(name: str) -> ModelDims | None:
@@ -154,8 +192,10 @@ def check_model_name(name: str) -> ModelDims | None:
     try:
         get_official_model_name(name)
     except ValueError:
-        raise InputError(f"--model {name!r} is neither the embedded model ('smollm2-135m', offline) nor a "
-                         "TransformerLens model name (transformer_lens.loading.OFFICIAL_MODEL_NAMES).") from None
+        raise InputError(
+            f"--model {name!r} is neither the embedded model ('smollm2-135m', offline) nor a "
+            "TransformerLens model name (transformer_lens.loading.OFFICIAL_MODEL_NAMES)."
+        ) from None
     return None
 
 
@@ -167,7 +207,9 @@ def check_device(device: str | None) -> None:
     try:
         parsed = torch.device(device)
     except RuntimeError:
-        raise InputError(f"--device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'.") from None
+        raise InputError(
+            f"--device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'."
+        ) from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available here; use --device cpu.")
 
@@ -181,11 +223,16 @@ def check_readout_available(model: str, sae_id: str) -> None:
     if folder.is_dir():
         check_sae_folder(folder)
         return
-    cached = sorted(p.name for p in folder.parent.glob("*") if (p / "cfg.json").exists()) if folder.parent.is_dir() \
+    cached = (
+        sorted(p.name for p in folder.parent.glob("*") if (p / "cfg.json").exists())
+        if folder.parent.is_dir()
         else []
+    )
     preset = sae_id if sae_id in ("cpu", "paper") else "cpu"
-    raise InputError(f"No readout SAE {sae_id!r} for {model} is cached (cached: {cached or 'none'}); fit it with "
-                     f"`{fit_command(model, sae_id, preset)}`, or pass --sae-id one of those or --sae-path <folder>.")
+    raise InputError(
+        f"No readout SAE {sae_id!r} for {model} is cached (cached: {cached or 'none'}); fit it with "
+        f"`{fit_command(model, sae_id, preset)}`, or pass --sae-id one of those or --sae-path <folder>."
+    )
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -227,12 +274,16 @@ def _check_lists(args: argparse.Namespace) -> None:
 
         unknown = [b for b in args.baselines.split(",") if b and b not in BASELINE_ORDER]
         if unknown:
-            raise InputError(f"--baselines {unknown} unknown; choose from {list(BASELINE_ORDER)} ('' for none).")
+            raise InputError(
+                f"--baselines {unknown} unknown; choose from {list(BASELINE_ORDER)} ('' for none)."
+            )
     if getattr(args, "n_prompts", None) is not None:
         from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
 
         if args.n_prompts > len(NEUTRAL_PROMPTS):
-            raise InputError(f"--n-prompts {args.n_prompts}: only {len(NEUTRAL_PROMPTS)} neutral prompts exist.")
+            raise InputError(
+                f"--n-prompts {args.n_prompts}: only {len(NEUTRAL_PROMPTS)} neutral prompts exist."
+            )
 
 
 def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
@@ -251,7 +302,9 @@ def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
         for name in ("seq_len", "op_seq_len"):
             value = getattr(args, name, None)
             if value is not None and value > dims.n_ctx:
-                raise InputError(f"--{name.replace('_', '-')} {value} exceeds the model context {dims.n_ctx}.")
+                raise InputError(
+                    f"--{name.replace('_', '-')} {value} exceeds the model context {dims.n_ctx}."
+                )
 
 
 def _check_dictionaries(args: argparse.Namespace, dims: ModelDims | None) -> None:
@@ -259,13 +312,17 @@ def _check_dictionaries(args: argparse.Namespace, dims: ModelDims | None) -> Non
 
     items = [item.strip() for item in args.dictionary.split(",")]
     if not all(items):
-        raise InputError(f"--dictionary {args.dictionary!r} has an empty item; give 'ffkv' and/or SAE folders.")
+        raise InputError(
+            f"--dictionary {args.dictionary!r} has an empty item; give 'ffkv' and/or SAE folders."
+        )
     for item in items:
         if item == "ffkv":
             continue
         if not Path(item).exists():
-            raise MissingFileError(f"--dictionary {item!r} is neither 'ffkv' nor an existing folder holding a saved "
-                                   "SAE (sae.save_model(folder) / the SAELens runner).")
+            raise MissingFileError(
+                f"--dictionary {item!r} is neither 'ffkv' nor an existing folder holding a saved "
+                "SAE (sae.save_model(folder) / the SAELens runner)."
+            )
         check_sae_folder(item)
     if dims is not None and getattr(args, "n_eval", None) is not None:
         from tl_query_lens.certify.bound import hoeffding_coefficient, loss_range_bits, min_sequences
@@ -273,9 +330,11 @@ def _check_dictionaries(args: argparse.Namespace, dims: ModelDims | None) -> Non
         coefficient = hoeffding_coefficient(loss_range_bits(dims.d_vocab, args.alpha), args.delta)
         n_min = min_sequences(math.log2(dims.d_vocab), coefficient)
         if args.n_eval < n_min:
-            raise InputError(f"--n-eval {args.n_eval} cannot give a non-trivial bound: the minimum is N = {n_min} "
-                             f"evaluation sequences (delta={args.delta}, alpha={args.alpha}); real proxies need "
-                             "far more (the README's runs use 1000).")
+            raise InputError(
+                f"--n-eval {args.n_eval} cannot give a non-trivial bound: the minimum is N = {n_min} "
+                f"evaluation sequences (delta={args.delta}, alpha={args.alpha}); real proxies need "
+                "far more (the README's runs use 1000)."
+            )
 
 
 def validate_args(args: argparse.Namespace) -> None:

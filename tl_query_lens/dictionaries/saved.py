@@ -12,8 +12,10 @@ from sae_lens.registry import SAE_CLASS_REGISTRY
 from tl_query_lens.errors import CorruptFileError, MissingFileError
 from tl_query_lens.results import read_json, read_tensors
 
-SAVE_FIX = ("Pass a folder written by sae.save_model(folder) or the SAELens training runner "
-            f"({SAE_CFG_FILENAME} + {SAE_WEIGHTS_FILENAME}); re-save it if it was cut short.")
+SAVE_FIX = (
+    "Pass a folder written by sae.save_model(folder) or the SAELens training runner "
+    f"({SAE_CFG_FILENAME} + {SAE_WEIGHTS_FILENAME}); re-save it if it was cut short."
+)
 REQUIRED_KEYS = ("d_in", "d_sae", "dtype")
 
 
@@ -39,14 +41,18 @@ def check_sae_folder(path: str | Path) -> dict[str, Any]:
         raise CorruptFileError(cfg_file, f"lacks {missing}, so it is not an SAELens SAE config", SAVE_FIX)
     architecture = cfg.get("architecture", "standard")
     if architecture not in SAE_CLASS_REGISTRY:
-        raise CorruptFileError(cfg_file, f"names architecture {architecture!r}, which SAELens does not know "
-                                         f"(known: {sorted(SAE_CLASS_REGISTRY)})",
-                               "Import the package that registers it first (tl_query_lens registers 'ffkv' and "
-                               "'readout'), or re-save the SAE.")
+        raise CorruptFileError(
+            cfg_file,
+            f"names architecture {architecture!r}, which SAELens does not know "
+            f"(known: {sorted(SAE_CLASS_REGISTRY)})",
+            "Import the package that registers it first (tl_query_lens registers 'ffkv' and "
+            "'readout'), or re-save the SAE.",
+        )
     weights, _ = read_tensors(path / SAE_WEIGHTS_FILENAME, fix=SAVE_FIX)
     if "W_dec" not in weights:
-        raise CorruptFileError(path / SAE_WEIGHTS_FILENAME, f"holds no W_dec (tensors: {sorted(weights)[:8]})",
-                               SAVE_FIX)
+        raise CorruptFileError(
+            path / SAE_WEIGHTS_FILENAME, f"holds no W_dec (tensors: {sorted(weights)[:8]})", SAVE_FIX
+        )
     return cfg
 
 
@@ -55,6 +61,12 @@ def load_sae(path: str | Path, *, device: str = "cpu") -> SAE:
     check_sae_folder(path)
     try:
         return SAE.load_from_disk(str(path), device=device)
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a config field or tensor shape SAELens rejects
-        raise CorruptFileError(path, f"could not be loaded by SAELens ({type(err).__name__}: {err})",
-                               SAVE_FIX) from err
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        RuntimeError,
+    ) as err:  # a config field or tensor shape SAELens rejects
+        raise CorruptFileError(
+            path, f"could not be loaded by SAELens ({type(err).__name__}: {err})", SAVE_FIX
+        ) from err
