@@ -26,11 +26,15 @@ class InputTypeError(InputError, TypeError):
     """An input of the wrong type or shape (e.g. a list where a token tensor is expected)."""
 
 
-class HookNotFoundError(InputError, KeyError):
-    """A hook name the model does not have."""
+class UnknownNameError(InputError, KeyError):
+    """A name (hook, label) that is not among the valid ones; the message lists them."""
 
     def __str__(self) -> str:  # KeyError would print the repr() of the message
         return str(self.args[0]) if self.args else ""
+
+
+class HookNotFoundError(UnknownNameError):
+    """A hook name the model does not have."""
 
 
 class MissingFileError(InputError, FileNotFoundError):
