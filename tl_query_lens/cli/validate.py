@@ -217,17 +217,13 @@ def check_device(device: str | None) -> None:
 def check_readout_available(model: str, sae_id: str) -> None:
     """A readout SAE id that ``SAE.from_pretrained`` can serve from the user cache (fitted locally)."""
     from tl_query_lens.dictionaries.saved import check_sae_folder
-    from tl_query_lens.readout.registry import cached_sae_path, fit_command
+    from tl_query_lens.readout.registry import cached_ids, cached_sae_path, fit_command
 
     folder = cached_sae_path(model, sae_id)
     if folder.is_dir():
         check_sae_folder(folder)
         return
-    cached = (
-        sorted(p.name for p in folder.parent.glob("*") if (p / "cfg.json").exists())
-        if folder.parent.is_dir()
-        else []
-    )
+    cached = cached_ids(model)
     preset = sae_id if sae_id in ("cpu", "paper") else "cpu"
     raise InputError(
         f"No readout SAE {sae_id!r} for {model} is cached (cached: {cached or 'none'}); fit it with "
