@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 from jaxtyping import Int
 
+from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
+
 logger = logging.getLogger(__name__)
 
 Split = Literal["train", "calibration", "evaluation"]
@@ -93,31 +95,49 @@ def _parse_docstrings(root: Path, min_chars: int) -> list[str]:
 
 def _read_local(path: Path) -> list[str]:
     if path.is_dir():
-        return [doc for p in sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl")) for doc in _read_local(p)]
+        files = sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl"))
+        if not files:
+            raise InputError(f"The corpus folder {path} holds no .txt or .jsonl files; put documents there or pass a file.")
+        return [doc for p in files for doc in _read_local(p)]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CorruptFileError(path, f"is not UTF-8 text (byte {err.start})", "Convert it to UTF-8.") from err
     if path.suffix == ".jsonl":
-        docs = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if "text" not in record:
-                raise ValueError(f"{path}:{n + 1} has no 'text' field; each JSONL line needs {{'text': ...}}.")
-            docs.append(str(record["text"]))
-        return docs
+        return _read_jsonl(path, text)
     # Plain text: one document per blank-line-separated block.
-    return [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+    return [block.strip() for block in text.split("\n\n") if block.strip()]
+
+
+def _read_jsonl(path: Path, text: str) -> list[str]:
+    """One ``{"text": ...}`` object per line; a bad line raises an error naming the file and the line."""
+    docs = []
+    fix = 'Each line must be one JSON object with a "text" field: {"text": "..."}; fix or delete that line.'
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorruptFileError(f"{path}:{n}", f"line {n} is not valid JSON ({err.msg} at column {err.colno})",
+                                   fix) from err
+        if not isinstance(record, dict) or "text" not in record:
+            raise CorruptFileError(f"{path}:{n}", f"line {n} has no 'text' field", fix)
+        docs.append(str(record["text"]))
+    return docs
 
 
 def _read_hf_dataset(name: str, max_docs: int, text_field: str = "text") -> list[str]:
     try:
         import datasets
     except ImportError as err:
-        raise ImportError("HF datasets as a corpus need `pip install datasets`.") from err
+        raise UnavailableError(f"{name!r} is not a local file or folder, and HF datasets as a corpus need "
+                               "`pip install datasets`; offline, use 'embedded' or a local .txt/.jsonl path.") from err
     try:
         stream = datasets.load_dataset(name, split="train", streaming=True)
         return [str(row[text_field]) for _, row in zip(range(max_docs), stream)]
     except (OSError, ValueError, ConnectionError, KeyError) as err:
-        raise RuntimeError(
+        raise UnavailableError(
             f"Could not read HF dataset {name!r} ({err}). Offline, use source='embedded' or a local .txt/.jsonl path."
         ) from err
 
@@ -132,7 +152,8 @@ def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_do
     if path.exists():
         return _read_local(path)
     if path.suffix in {".txt", ".jsonl"}:
-        raise FileNotFoundError(f"Corpus file {path} does not exist.")
+        raise MissingFileError(f"Corpus file {path} does not exist; give an existing .txt/.jsonl file or folder, "
+                               "or 'embedded'.")
     return _read_hf_dataset(str(source), max_hf_docs)
 
 
@@ -160,25 +181,25 @@ def load_corpus(
 ) -> Int[torch.Tensor, "batch pos"]:
     """Fixed-length token sequences from one split of a corpus.
 
-    Documents are assigned to train / calibration / evaluation by a hash of their text (80/10/10), tokenized,
+    Documents are assigned to train / calibration / evaluation by a hash of their text (60/20/20), tokenized,
     joined with the EOS token, cut into ``seq_len`` windows, and ``n_seqs`` windows are drawn with ``seed``.
 
     Returns:
         LongTensor ``[n_seqs, seq_len]``.
     """
     if split not in SPLIT_SHARES:
-        raise ValueError(f"Unknown split {split!r}; use one of {sorted(SPLIT_SHARES)}.")
+        raise InputError(f"Unknown split {split!r}; use one of {sorted(SPLIT_SHARES)}.")
     if n_seqs < 1 or seq_len < 1:
-        raise ValueError(f"n_seqs and seq_len must be positive, got n_seqs={n_seqs}, seq_len={seq_len}.")
+        raise InputError(f"n_seqs and seq_len must be positive, got n_seqs={n_seqs}, seq_len={seq_len}.")
     tok = _get_tokenizer(tokenizer)
     docs = [d for d in read_documents(source) if d.strip() and document_split(d) == split]
     if not docs:
-        raise ValueError(f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
+        raise InputError(f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
                          "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field).")
     stream = _token_stream(tuple(docs), tok)
     n_windows = stream.numel() // seq_len
     if n_windows < n_seqs:
-        raise ValueError(
+        raise InputError(
             f"Split {split!r} of {source!r} holds {n_windows} sequences of {seq_len} tokens, fewer than n_seqs={n_seqs}; "
             "lower n_seqs or seq_len, or use a larger corpus."
         )

@@ -252,5 +252,5 @@ def run_demo(cfg: DemoConfig) -> DemoOutputs:
                               subtitle=f"{model.cfg.model_name}, corpus '{cfg.corpus}', seed {cfg.seed}")
         tracker.log_scalars("timing", seconds)
         tracker.log_artifact("demo-report", [report, np_path])
-        wandb_dir = tracker.run_dir
+    wandb_dir = tracker.run_dir  # set once the tracker has finished (W&B is logged after the results)
     return DemoOutputs(out=cfg.out, report=report, neuronpedia=np_path, wandb_dir=wandb_dir, seconds=seconds)

@@ -37,9 +37,8 @@ def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
     ``"sae L{l} {folder}"`` per saved SAE."""
     from pathlib import Path
 
-    from sae_lens import SAE
-
     from tl_query_lens import FFKV
+    from tl_query_lens.dictionaries.saved import load_sae
     from tl_query_lens.hooks import hook_layer
 
     saes: dict[str, object] = {}
@@ -48,9 +47,7 @@ def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
             for layer in parse_layers(args.layers, model.cfg.n_layers):
                 saes[f"ffkv L{layer}"] = FFKV.from_model(model, layer, "vanilla")
         else:
-            if not Path(item).is_dir():
-                raise SystemExit(f"tlql certify: {item!r} is neither 'ffkv' nor a folder holding a saved SAE.")
-            sae = SAE.load_from_disk(item, device=str(model.cfg.device))
+            sae = load_sae(item, device=str(model.cfg.device))  # checked; errors name the folder
             saes[f"sae L{hook_layer(sae.cfg.metadata.hook_name)} {Path(item).name}"] = sae
     return saes
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tl_query_lens import FFKV, load_corpus, load_model
-    from tl_query_lens.cli.query_lens import parse_features
+    from tl_query_lens.cli.validate import parse_features
     from tl_query_lens.query_lens import QueryLens
     from tl_query_lens.query_lens.evaluation import SignatureEvaluation, evaluate_signatures
     from tl_query_lens.query_lens.max_activating import max_activating_contexts
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.time()
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
+    feature_ids = parse_features(args.features, model.cfg.d_mlp) if args.features else None  # before operators
     out = Path(args.out)
     op_tokens = load_corpus(args.corpus, model, n_seqs=args.op_seqs, seq_len=args.op_seq_len, split="train",
                             seed=args.seed)
@@ -87,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
     for layer in layers:
         sae = FFKV.from_model(model, layer)
         if args.features:
-            ids = parse_features(args.features, sae.cfg.d_sae)
-            features = torch.arange(sae.cfg.d_sae) if ids is None else torch.tensor(ids)
+            features = torch.arange(sae.cfg.d_sae) if feature_ids is None else torch.tensor(feature_ids)
         else:
             features = torch.randperm(sae.cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
         methods = {

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from tl_query_lens.cli import add_common_args
+from tl_query_lens.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +56,18 @@ def add_parser(subparsers) -> None:
 def _load_sae(args):
     from sae_lens import SAE
 
+    from tl_query_lens.dictionaries.saved import load_sae
     from tl_query_lens.readout.registry import release_name
 
     if args.sae_path:
-        return SAE.load_from_disk(args.sae_path)
+        return load_sae(args.sae_path)
     return SAE.from_pretrained(release_name(args.model), args.sae_id)
 
 
 def _token_id(model, text: str) -> int:
     ids = model.to_tokens(text, prepend_bos=False)[0].tolist()
     if len(ids) != 1:
-        raise SystemExit(f"tlql: {text!r} is {len(ids)} tokens ({ids}); give a single token (mind the leading space).")
+        raise InputError(f"{text!r} is {len(ids)} tokens ({ids}); give a single token (mind the leading space).")
     return ids[0]
 
 
@@ -89,6 +91,7 @@ def run_decompose(args: argparse.Namespace) -> int:
     import torch
 
     from tl_query_lens import load_model
+    from tl_query_lens.hooks import check_hook
     from tl_query_lens.readout import (
         decompose,
         group_mean,
@@ -101,7 +104,11 @@ def run_decompose(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     sae = _load_sae(args)
-    hook = args.hook or f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    hook = check_hook(model, args.hook or f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    n_tokens = model.to_tokens(args.prompt).shape[1]
+    if not -n_tokens <= args.position < n_tokens:
+        raise InputError(f"--position {args.position} is outside the prompt's {n_tokens} tokens; "
+                         f"use 0..{n_tokens - 1} or -1 for the last.")
     with torch.no_grad():
         _, cache = model.run_with_cache(args.prompt, names_filter=[hook])
         h = logit_lens(model)(cache[hook][0, args.position]).float()

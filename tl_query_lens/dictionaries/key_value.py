@@ -14,6 +14,7 @@ from jaxtyping import Float, Int
 from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError, check_dictionary_finite
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer, residual_hook_of
 
 
@@ -76,7 +77,7 @@ class KeyValueView:
         ids = torch.as_tensor(features, dtype=torch.long).reshape(-1)
         bad = ids[(ids < 0) | (ids >= self.d_sae)]
         if bad.numel():
-            raise IndexError(
+            raise OutOfRangeError(
                 f"Feature ids {bad.tolist()[:10]} are out of range for a dictionary of {self.d_sae} features "
                 f"(valid: 0..{self.d_sae - 1})."
             )
@@ -93,18 +94,22 @@ def _sae_activation(sae: SAE) -> str:
 def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> KeyValueView:
     """The key–value view of an SAELens SAE (standard, topk, jumprelu, gated, …), transcoder, FF-KV or readout SAE.
 
-    With ``model``, the hooks are checked to exist and the widths to match (clear errors otherwise; SAELens'
-    ``add_sae`` silently skips an unknown hook).
+    Every tensor of the view is checked to be finite (the error names the dictionary and the tensor). With
+    ``model``, the hooks are checked to exist and the widths to match (clear errors otherwise; SAELens' ``add_sae``
+    silently skips an unknown hook).
     """
     if isinstance(dictionary, KeyValueView):
         view = dictionary
     elif isinstance(dictionary, SAE):
         view = _view_of_sae(dictionary)
     else:
-        raise TypeError(
+        raise InputTypeError(
             f"as_key_value accepts SAELens SAEs (incl. transcoders, FF-KV, readout SAEs) or a KeyValueView, "
             f"not {type(dictionary).__name__}."
         )
+    check_dictionary_finite(view.dictionary if view.dictionary is not None else view,
+                            {"keys (W_enc)": view.keys, "values (W_dec)": view.values, "b_enc": view.b_enc,
+                             "b_dec": view.b_dec})
     if model is not None:
         validate_view(view, model)
     return view
@@ -113,7 +118,7 @@ def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> Key
 def _view_of_sae(sae: SAE) -> KeyValueView:
     read_hook = sae.cfg.metadata.hook_name
     if not read_hook:
-        raise ValueError("This SAE's cfg.metadata.hook_name is empty; set it to the hook the SAE reads.")
+        raise InputError("This SAE's cfg.metadata.hook_name is empty; set it to the hook the SAE reads.")
     write_hook = sae.cfg.metadata.hook_name_out or read_hook
     W_enc = sae.W_enc.detach()
     # Gated SAEs gate with b_gate; every other architecture has b_enc.
@@ -142,12 +147,12 @@ def validate_view(view: KeyValueView, model: HookedTransformer) -> None:
         check_hook(model, name)
     dims = hook_dims(model, hooks)
     if dims[view.read_hook] != view.d_in:
-        raise ValueError(
+        raise InputError(
             f"d_in mismatch: the dictionary reads {view.d_in}-dim vectors but {view.read_hook} carries "
             f"{dims[view.read_hook]} (check cfg.d_in and cfg.metadata.hook_name; hook_z SAEs need reshape_activations)."
         )
     if dims[view.write_hook] != view.d_out:
-        raise ValueError(
+        raise InputError(
             f"d_out mismatch: the dictionary writes {view.d_out}-dim vectors but {view.write_hook} carries "
             f"{dims[view.write_hook]} (check the decoder width and cfg.metadata.hook_name_out)."
         )

@@ -10,6 +10,8 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import check_outputs
+from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.results import SavableResult
 
 
@@ -47,8 +49,7 @@ def splice_metrics(
 ) -> SpliceMetrics:
     """Measure a dictionary's fidelity on ``tokens`` (clean run vs. ``run_with_saes`` without the error term)."""
     view = as_key_value(sae, model)
-    if tokens.numel() == 0:
-        raise ValueError("Empty token batch: load a corpus with load_corpus(..., n_seqs>0).")
+    tokens = check_tokens(model, tokens)
     fired = torch.zeros(view.d_sae, dtype=torch.bool)
     l0_sum = sse = ce_clean = ce_spliced = kl_sum = 0.0
     y_sum = y_sq = 0.0
@@ -73,7 +74,7 @@ def splice_metrics(
         kl_sum += (logp.exp() * (logp - logq)).sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     sst = y_sq - (y_sum.pow(2).sum() / n_tok).item()
-    return SpliceMetrics(
+    metrics = SpliceMetrics(
         alive_rate=fired.float().mean().item(),
         mean_l0=l0_sum / n_tok,
         explained_variance=1.0 - sse / max(sst, 1e-30),
@@ -83,6 +84,9 @@ def splice_metrics(
         kl=kl_sum / n_tok,
         n_tokens=n_tok,
     )
+    return check_outputs(metrics, "splice_metrics", hint="The clean or spliced forward pass produced non-finite "
+                         "activations or logits: check the model's weights and dtype (the dictionary's weights "
+                         "were checked on entry).")
 
 
 def _ce_sum(logits: torch.Tensor, tokens: torch.Tensor) -> float:

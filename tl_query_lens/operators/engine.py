@@ -34,9 +34,10 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.corpus import corpus_fingerprint
+from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
-from tl_query_lens.operators.store import OperatorSet, cache_path, check_finite
+from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
 
 logger = logging.getLogger(__name__)
 
@@ -66,19 +67,20 @@ def final_hook(model: HookedTransformer) -> str:
 def check_tokens(model: HookedTransformer, tokens: torch.Tensor, skip_positions: int = 0) -> torch.Tensor:
     """Validate a ``[batch, pos]`` integer token batch against the model's vocabulary and context."""
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int32):
-        raise TypeError("tokens must be an integer tensor [batch, pos] (e.g. from tl_query_lens.load_corpus).")
+        raise InputTypeError("tokens must be an integer tensor [batch, pos] (e.g. from tl_query_lens.load_corpus).")
     if tokens.numel() == 0:
-        raise ValueError("tokens is empty.")
+        raise InputError("tokens is empty: load a corpus with load_corpus(..., n_seqs >= 1).")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= model.cfg.d_vocab:
-        raise ValueError(
+        raise OutOfRangeError(
             f"Token ids span [{lo}, {hi}] but the model's vocabulary has {model.cfg.d_vocab} entries: these tokens "
             "come from another tokenizer. Tokenize with this model (load_corpus(..., model, ...) or model.to_tokens)."
         )
     if tokens.shape[1] > model.cfg.n_ctx:
-        raise ValueError(f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}.")
+        raise InputError(f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}; "
+                         "use a shorter seq_len.")
     if not 0 <= skip_positions < tokens.shape[1]:
-        raise ValueError(f"skip_positions={skip_positions} must be in [0, seq_len={tokens.shape[1]}).")
+        raise InputError(f"skip_positions={skip_positions} must be in [0, seq_len={tokens.shape[1]}).")
     return tokens.long()
 
 
@@ -205,7 +207,7 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
         state.sums, state.count = all_reduce_sums(state.sums, state.count)
     state.sums = {n: s.cpu() for n, s in state.sums.items()}
     for name, s in state.sums.items():
-        check_finite(s, f"{kind} operator {name!r}")
+        check_operator(s, f"{kind} operator {name!r}")
     if path is not None and rank == 0:
         state.save(path)
     return state

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.errors import check_finite
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.results import SavableResult
 
@@ -239,6 +240,9 @@ def channel_analysis(
         **options: :class:`ChannelConfig` fields.
     """
     cfg = ChannelConfig(**options)
+    for source, values in values_by_source.items():
+        check_finite(values, f"value vectors of source layer {source}",
+                     hint="The dictionary's W_dec is corrupt or training diverged: reload or retrain it.")
     d = next(iter(values_by_source.values())).shape[1]
     rank = cfg.rank or max(1, d // n_layers)
     names, sources, dests, modules, fits = [], [], [], [], {f: {} for f in cfg.fits}

@@ -42,7 +42,8 @@ from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
 from tl_query_lens.operators.engine import check_tokens
-from tl_query_lens.operators.store import check_finite
+from tl_query_lens.errors import check_outputs
+from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
 
 logger = logging.getLogger(__name__)
@@ -154,14 +155,14 @@ class QueryLens:
         else:
             raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
         directions = self._final_norm(raw)
-        check_finite(directions, "value directions")
+        check_operator(directions, "value directions")
         result = self._rank(directions, ids, view, side="value", method=method, k=k, readout="unembed",
                             add_bias=method == "full", center=None)
         if terms is not None:
             result.module_names = names
             result.module_contributions = self._contributions(raw, terms, result.top_ids)
             result.module_shares = result.module_contributions / result.module_contributions.sum(1, keepdim=True)
-        return result
+        return check_outputs(result, "value_signatures", hint=OPERATOR_HINT)
 
     @torch.no_grad()
     def key_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
@@ -173,14 +174,15 @@ class QueryLens:
             if view.d_in != self.model.cfg.d_model:
                 raise ValueError(f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
                                  f"{view.read_hook} has width {view.d_in}. Use method='full'.")
-            return self._rank(keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False,
-                              center=None)
+            return check_outputs(self._rank(keys, ids, view, side="key", method=method, k=k, readout="embed",
+                                            add_bias=False, center=None), "key_signatures", hint=OPERATOR_HINT)
         if method != "full":
             raise ValueError(f"method must be 'full' or 'logit_lens', not {method!r}.")
         gradients = keys @ self.key_operator(view.read_hook)  # ḡ = N_lᵀ k, one row per feature
-        check_finite(gradients, "key gradients")
-        return self._rank(gradients, ids, view, side="key", method=method, k=k, readout="embed_centred",
-                          add_bias=False, center=self.corpus_center())
+        check_operator(gradients, "key gradients")
+        return check_outputs(self._rank(gradients, ids, view, side="key", method=method, k=k,
+                                        readout="embed_centred", add_bias=False, center=self.corpus_center()),
+                             "key_signatures", hint=OPERATOR_HINT)
 
     # ----- internals ----------------------------------------------------------------------------------------------
     def _view(self, dictionary: Any, features, k: int) -> tuple[KeyValueView, torch.Tensor]:

@@ -79,6 +79,7 @@ class Signatures(SavableResult):
         self._model = model
         return self
 
+    @torch.no_grad()
     def scores(self, i: int) -> Float[torch.Tensor, " d_vocab"]:
         """Full-vocabulary scores of the i-th requested feature (position in ``feature_ids``, not the feature id)."""
         if not -len(self) <= i < len(self):
