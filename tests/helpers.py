@@ -47,3 +47,24 @@ def tiny_tokens(model, n_seqs: int = 4, seq_len: int = 12, seed: int = 0) -> tor
 @pytest.fixture(params=STYLES)
 def style(request) -> Style:
     return request.param
+
+
+class DeviceAudit(torch.overrides.TorchFunctionMode):
+    """Records every torch call whose tensor arguments (0-d scalars aside) live on more than one device.
+
+    PyTorch itself is lax on the ``meta`` device (``cpu_tensor @ meta_tensor`` silently returns a CPU tensor), so a run
+    with the model on ``meta`` only catches a stray CPU tensor under this mode. Use ``with DeviceAudit() as audit:``
+    and assert ``audit.mixed == []``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+        devices = {t.device.type for t in flat if isinstance(t, torch.Tensor) and t.ndim > 0}
+        if len(devices) > 1:
+            self.mixed.append(f"{getattr(func, '__name__', func)} on {sorted(devices)}")
+        return func(*args, **kwargs)

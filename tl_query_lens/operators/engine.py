@@ -97,15 +97,21 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], sweep: _Sweep,
                valid: Float[torch.Tensor, "batch pos"], widths: dict[str, int], sums: dict[str, torch.Tensor],
                chunk: int, bar) -> None:
-    """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``)."""
-    dtype, device = model.cfg.dtype, tokens.device
+    """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``, on the model's device).
+
+    Activations stay in the model's dtype; the perturbation ``δ`` is an fp32 leaf broadcast to every position in fp32
+    and only then cast, so the position sums of gradients / tangents (and the operator sums) are fp32 (bf16/fp16 models).
+    """
+    device = tokens.device
     stop = _stop_layer(model, [*sweep.perturb, *sweep.read])
     deltas: dict[str, torch.Tensor] = {}
     captured: dict[str, torch.Tensor] = {}
 
     def inject(x: torch.Tensor, hook) -> torch.Tensor:
         base = x.detach() if sweep.perturb[hook.name] else x
-        return base + deltas[hook.name]
+        delta = deltas[hook.name]  # fp32 [width]; broadcast in fp32, so its gradient sums positions in fp32
+        delta = delta.reshape(x.shape[2:]) if x.ndim == 4 else delta
+        return base + delta.expand(x.shape).to(x.dtype)
 
     def grab(x: torch.Tensor, hook) -> None:
         captured[hook.name] = _flat(x)
@@ -115,14 +121,14 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
         (d_basis,) = {widths[n] for n in sweep.read}
         with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
             for name in sweep.perturb:
-                deltas[name] = torch.zeros(widths[name], dtype=dtype, device=device, requires_grad=True)
+                deltas[name] = torch.zeros(widths[name], device=device, requires_grad=True)
             model(tokens, stop_at_layer=stop)
             outputs = [captured[name] for name in sweep.read]
             sources = list(sweep.perturb)
             for start in range(0, d_basis, chunk):
                 idx = torch.arange(start, min(start + chunk, d_basis), device=device)
-                cot = torch.zeros(len(idx), *valid.shape, d_basis, dtype=dtype, device=device)
-                cot[torch.arange(len(idx)), :, :, idx] = valid.to(dtype)
+                cot = torch.zeros(len(idx), *valid.shape, d_basis, dtype=outputs[0].dtype, device=device)
+                cot[torch.arange(len(idx), device=device), :, :, idx] = valid.to(cot.dtype)
                 grads = torch.autograd.grad(outputs, [deltas[n] for n in sources], [cot] * len(outputs),
                                             retain_graph=True, allow_unused=True, is_grads_batched=True)
                 for name, grad in zip(sources, grads):
@@ -134,19 +140,19 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
         return
 
     (d_basis,) = {widths[n] for n in sweep.perturb}
-    mask = valid.to(dtype)[..., None]
+    mask = valid.float()[..., None]
 
     def forward(delta: torch.Tensor) -> tuple[torch.Tensor, ...]:
         for name in sweep.perturb:
             deltas[name] = delta
         model(tokens, stop_at_layer=stop)
-        return tuple((captured[name] * mask).sum((0, 1)) for name in sweep.read)
+        return tuple((captured[name].float() * mask).sum((0, 1)) for name in sweep.read)
 
-    zero = torch.zeros(d_basis, dtype=dtype, device=device)
+    zero = torch.zeros(d_basis, device=device)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, d_basis, chunk):
             idx = torch.arange(start, min(start + chunk, d_basis), device=device)
-            basis = torch.eye(d_basis, dtype=dtype, device=device)[idx]
+            basis = torch.eye(d_basis, device=device)[idx]
             columns = vmap(lambda t: jvp(forward, (zero,), (t,))[1])(basis)
             for name, col in zip(sweep.read, columns):
                 sums[sweep.names[name]][:, idx] += col.T.float()  # columns i = J e_i
@@ -161,6 +167,7 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
     tokens = check_tokens(model, tokens, skip_positions)
+    device = torch.device(model.cfg.device)
     fingerprint = corpus_fingerprint(tokens)
     dtype = str(model.cfg.dtype).replace("torch.", "")
     model_name = str(model.cfg.model_name)
@@ -173,18 +180,18 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
         state = OperatorSet.load(path)
         if state.complete:
             logger.info("Reusing cached %s from %s", state.describe(), path)
-            return state
+            return state.to(model.cfg.device)
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
     if state is None:
-        state = OperatorSet(kind=kind, sums={n: torch.zeros(shapes[n]) for n in names}, count=0,
+        state = OperatorSet(kind=kind, sums={n: torch.zeros(shapes[n], device=device) for n in names}, count=0,
                             model_name=model_name, anchor_hook=anchor, corpus_fingerprint=fingerprint, dtype=dtype,
                             skip_positions=skip_positions, batches_done=0, batch_size=batch_size,
                             extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk})
     else:
         logger.info("Resuming %s after %d minibatches", state.describe(), state.batches_done)
-    state.sums = {n: s.to(model.cfg.device) for n, s in state.sums.items()}
-    batches = list(torch.split(local.to(model.cfg.device), batch_size)) if len(local) else []
+    state = state.to(device)  # sums accumulate on the model's device; the file on disk is device-free
+    batches = list(torch.split(local.to(device), batch_size)) if len(local) else []
     n_chunks = sum(-(-(widths[s.read[0]] if s.direction == "reverse" else widths[next(iter(s.perturb))]) // chunk)
                    for s in sweeps)
     bar = tqdm(total=(len(batches) - state.batches_done) * n_chunks, desc=f"{kind} operators",
@@ -195,7 +202,7 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
         valid[:, skip_positions:] = 1.0
         for sweep in sweeps:
             _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
-        state.count += int(valid.sum())
+        state.count += batch.shape[0] * (batch.shape[1] - skip_positions)  # |T| from shapes: no device sync
         state.batches_done = b + 1
         if path is not None and world == 1 and b + 1 < len(batches):
             state.save(path)  # partial: a rerun resumes after this minibatch
@@ -203,7 +210,6 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
     state.batches_done = -1
     if world > 1:  # on the model's device: gloo for CPU, nccl for CUDA
         state.sums, state.count = all_reduce_sums(state.sums, state.count)
-    state.sums = {n: s.cpu() for n, s in state.sums.items()}
     for name, s in state.sums.items():
         check_finite(s, f"{kind} operator {name!r}")
     if path is not None and rank == 0:
@@ -285,31 +291,42 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
                      layers: Sequence[int] | None = None, *, skip_positions: int = 0, chunk: int = 64,
                      batch_size: int = 8, cache_dir=None, progress: bool = True,
                      direction: Direction = "reverse") -> OperatorSet:
-    """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k = ∂attn_out_k/∂resid_pre_k
-    and ``blocks.k.mlp`` = J̄_M^k = ∂mlp_out_k/∂resid_mid_k, each ``[d_model, d_model]`` (DESIGN §4–5).
+    """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
+    the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
+    ``[d_model, d_model]`` (DESIGN §4–5).
 
-    Inputs are perturbed in replace mode (``x.detach() + δ``) so each module sees only its own tangent; one sweep in
-    either direction gives every module. Other arguments as in :func:`value_operators`.
+    Sequential blocks: J̄_A^k = ∂attn_out_k/∂resid_pre_k, J̄_M^k = ∂mlp_out_k/∂resid_mid_k. Parallel blocks
+    (``parallel_attn_mlp``: GPT-J, GPT-NeoX/Pythia) have no resid_mid: both modules read the block input, so
+    J̄_A^k = ∂attn_out_k/∂resid_pre_k and J̄_M^k = ∂mlp_out_k/∂resid_pre_k (their sum is the block's Jacobian minus I).
+
+    Inputs are perturbed in replace mode (``x.detach() + δ``) so each module sees only its own tangent. Forward mode
+    gives every module from one sweep; reverse mode needs one sweep per input hook, so two for parallel blocks (the
+    attention and MLP writes share their input). Other arguments as in :func:`value_operators`.
     """
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else sorted({int(k) for k in layers})
     bad = [k for k in layers if not 0 <= k < n_layers]
     if bad or not layers:
         raise ValueError(f"layers {bad or layers} out of range for a model with {n_layers} layers.")
-    if getattr(model.cfg, "parallel_attn_mlp", False):
-        raise NotImplementedError("Parallel attention/MLP blocks have no resid_mid; module operators need it.")
-    inputs = {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers for p, m in (("pre", "attn"),
-                                                                                            ("mid", "mlp"))}
-    outputs = {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")}
-    widths = _widths(model, [*inputs, *outputs])
-    perturb = {h: True for h in inputs}
+    if getattr(model.cfg, "attn_only", False):
+        raise NotImplementedError("Attention-only models have no MLP modules; module operators need both.")
+    mlp_input = "pre" if getattr(model.cfg, "parallel_attn_mlp", False) else "mid"
+    reads = {m: {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers} for m in ("attn", "mlp")}
+    inputs = {m: {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers}
+              for m, p in (("attn", "pre"), ("mlp", mlp_input))}
+    outputs = {**reads["attn"], **reads["mlp"]}
+    widths = _widths(model, [*inputs["attn"], *inputs["mlp"], *outputs])
+    perturb = {h: True for h in (*inputs["attn"], *inputs["mlp"])}
     if direction == "reverse":
-        sweeps = [_Sweep("reverse", perturb, list(outputs), inputs)]
+        if mlp_input == "pre":  # one input, two outputs: pull each output back in its own sweep
+            sweeps = [_Sweep("reverse", perturb, list(reads[m]), inputs[m]) for m in ("attn", "mlp")]
+        else:
+            sweeps = [_Sweep("reverse", perturb, list(outputs), {**inputs["attn"], **inputs["mlp"]})]
     elif direction == "forward":
         sweeps = [_Sweep("forward", perturb, list(outputs), outputs)]
     else:
         raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
-    names = list(outputs.values())
+    names = [f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")]
     d = model.cfg.d_model
     return _compute(model, tokens, "module", "", names, {n: (d, d) for n in names}, sweeps, widths,
                     skip_positions=skip_positions, chunk=chunk, batch_size=batch_size, cache_dir=cache_dir,

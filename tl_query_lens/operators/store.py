@@ -100,6 +100,15 @@ class OperatorSet:
     def items(self):
         return ((name, self[name]) for name in self.sums)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the sums live (the model's device after the engine; CPU after :meth:`load`)."""
+        return next(iter(self.sums.values())).device if self.sums else torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> OperatorSet:
+        """The same set with its sums on ``device`` (a no-op copy-free view when they are already there)."""
+        return dataclasses.replace(self, sums={name: s.to(device) for name, s in self.sums.items()})
+
     # ----- combining ----------------------------------------------------------------------------------------------
     def compatible(self, other: OperatorSet) -> bool:
         return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks) == (
@@ -155,7 +164,9 @@ class OperatorSet:
 
 
 def check_finite(tensor: torch.Tensor, what: str) -> None:
-    """Raise a ValueError naming ``what`` if ``tensor`` holds NaN or inf."""
+    """Raise a ValueError naming ``what`` if ``tensor`` holds NaN or inf (values on the ``meta`` device are unknown)."""
+    if tensor.device.type == "meta":
+        return
     if not torch.isfinite(tensor).all():
         bad = int((~torch.isfinite(tensor)).sum())
         raise ValueError(

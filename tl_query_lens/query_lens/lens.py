@@ -130,36 +130,41 @@ class QueryLens:
     @torch.no_grad()
     def corpus_center(self) -> Float[torch.Tensor, " d_model"]:
         """Mean token embedding c over the valid corpus tokens (QL_KEY)."""
-        return self.model.W_E[self.tokens[:, self.skip_positions:].reshape(-1)].mean(0)
+        W_E = self.model.W_E
+        return W_E[self.tokens[:, self.skip_positions:].reshape(-1).to(W_E.device)].float().mean(0)
 
     # ----- signatures ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def value_directions(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
+                         method: ValueMethod = "full") -> Float[torch.Tensor, "n d_model"]:
+        """Each feature's residual direction before LN_f — ``M_l v`` (full), ``v + Σ_m J̄_m v`` (first_order) or ``v``
+        (logit_lens) — fp32, on the model's device."""
+        view, ids = self._view(dictionary, features, 1)
+        return self._value_terms(view, ids, method)[0]
+
+    @torch.no_grad()
+    def key_gradients(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None
+                      ) -> Float[torch.Tensor, "n d_model"]:
+        """``ḡ = N_lᵀ k`` of each feature (QL_KEY before the embedding readout), fp32, on the model's device."""
+        view, ids = self._view(dictionary, features, 1)
+        keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
+        gradients = keys @ self.key_operator(view.read_hook)  # one row per feature
+        check_finite(gradients, "key gradients")
+        return gradients
+
     @torch.no_grad()
     def value_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
                          k: int = 25, method: ValueMethod = "full") -> Signatures:
         """What each feature promotes: top/bottom-k tokens of its value signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
-        values = view.values[ids].to(self.model.cfg.device, torch.float32)
-        hook = view.value_hook
-        names, terms = None, None
-        if method == "logit_lens":
-            raw = values
-        elif method == "full":
-            raw = values @ self.value_operator(hook).T  # M_l v
-        elif method == "first_order":
-            names = downstream_modules(hook, self.model.cfg.n_layers)
-            self.precompute(module_layers=sorted({hook_layer(n) for n in names}))
-            terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
-            raw = torch.stack(terms).sum(0)
-            names = ["direct", *names]
-        else:
-            raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
+        raw, terms, names = self._value_terms(view, ids, method)
         directions = self._final_norm(raw)
         check_finite(directions, "value directions")
         result = self._rank(directions, ids, view, side="value", method=method, k=k, readout="unembed",
                             add_bias=method == "full", center=None)
         if terms is not None:
             result.module_names = names
-            result.module_contributions = self._contributions(raw, terms, result.top_ids)
+            result.module_contributions = self._contributions(raw, terms, result.top_ids).cpu()
             result.module_shares = result.module_contributions / result.module_contributions.sum(1, keepdim=True)
         return result
 
@@ -168,8 +173,8 @@ class QueryLens:
                        k: int = 25, method: KeyMethod = "full") -> Signatures:
         """What activates each feature: top/bottom-k tokens of its key signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
-        keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
         if method == "logit_lens":
+            keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
             if view.d_in != self.model.cfg.d_model:
                 raise ValueError(f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
                                  f"{view.read_hook} has width {view.d_in}. Use method='full'.")
@@ -177,10 +182,8 @@ class QueryLens:
                               center=None)
         if method != "full":
             raise ValueError(f"method must be 'full' or 'logit_lens', not {method!r}.")
-        gradients = keys @ self.key_operator(view.read_hook)  # ḡ = N_lᵀ k, one row per feature
-        check_finite(gradients, "key gradients")
-        return self._rank(gradients, ids, view, side="key", method=method, k=k, readout="embed_centred",
-                          add_bias=False, center=self.corpus_center())
+        return self._rank(self.key_gradients(view, ids), ids, view, side="key", method=method, k=k,
+                          readout="embed_centred", add_bias=False, center=self.corpus_center())
 
     # ----- internals ----------------------------------------------------------------------------------------------
     def _view(self, dictionary: Any, features, k: int) -> tuple[KeyValueView, torch.Tensor]:
@@ -189,6 +192,22 @@ class QueryLens:
         if not 1 <= k <= self.model.cfg.d_vocab:
             raise ValueError(f"k must be in 1..d_vocab={self.model.cfg.d_vocab}, got {k}.")
         return view, ids
+
+    def _value_terms(self, view: KeyValueView, ids: torch.Tensor, method: str
+                     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
+        """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device."""
+        values = view.values[ids].to(self.model.cfg.device, torch.float32)
+        hook = view.value_hook
+        if method == "logit_lens":
+            return values, None, None
+        if method == "full":
+            return values @ self.value_operator(hook).T, None, None  # M_l v
+        if method == "first_order":
+            names = downstream_modules(hook, self.model.cfg.n_layers)
+            self.precompute(module_layers=sorted({hook_layer(n) for n in names}))
+            terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
+            return torch.stack(terms).sum(0), terms, ["direct", *names]
+        raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
 
     def _final_norm(self, raw: Float[torch.Tensor, "n d_model"]) -> Float[torch.Tensor, "n d_model"]:
         """LN_f applied to each direction itself (the module, eps and weights included; not linearised)."""
@@ -201,7 +220,7 @@ class QueryLens:
         centred = raw - raw.mean(-1, keepdim=True) if centre else raw
         inv_scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
         weight = getattr(norm, "w", None)
-        weight = torch.ones(raw.shape[-1]) if weight is None else weight.detach().float()
+        weight = torch.ones(raw.shape[-1], device=raw.device) if weight is None else weight.detach().float()
         return inv_scale, weight, centre
 
     def _contributions(self, raw: torch.Tensor, terms: list[torch.Tensor],
@@ -209,6 +228,7 @@ class QueryLens:
         """Each term's logit contribution ``W_U[:, t]·(w ⊙ P(c)/σ(u))`` summed over the feature's top-k tokens."""
         inv_scale, weight, centre = self._norm_parts(raw)
         W_U = self.model.W_U.float()
+        top_ids = top_ids.to(W_U.device)
         contributions = []
         for term in terms:
             term = term - term.mean(-1, keepdim=True) if centre else term
