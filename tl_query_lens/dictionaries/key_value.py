@@ -30,6 +30,8 @@ class KeyValueView:
         read_hook: hook whose activation the keys read.
         write_hook: hook the reconstruction replaces.
         dictionary: the wrapped object (its ``encode`` gives activations).
+        fixed_values: False when the decoder passes ``Σ a_i v_i`` through a per-token norm before the write hook
+            (FF-KV of a block with a post-MLP norm, Gemma-2): the values are then no fixed residual directions.
     """
 
     keys: Float[torch.Tensor, "d_sae d_in"]
@@ -40,6 +42,7 @@ class KeyValueView:
     read_hook: str
     write_hook: str
     dictionary: Any = None
+    fixed_values: bool = True
 
     @property
     def d_sae(self) -> int:
@@ -132,6 +135,7 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
         read_hook=read_hook,
         write_hook=write_hook,
         dictionary=sae,
+        fixed_values=getattr(sae.cfg, "post_norm_eps", None) is None,
     )
 
 

@@ -196,6 +196,10 @@ class QueryLens:
     def _value_terms(self, view: KeyValueView, ids: torch.Tensor, method: str
                      ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
         """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device."""
+        if not view.fixed_values:
+            raise ValueError(f"The values of this dictionary pass through a per-token norm before {view.write_hook} "
+                             "(FF-KV of a block with a post-MLP norm, e.g. Gemma-2), so they have no fixed residual "
+                             "direction for value signatures; key signatures work, or use an SAE on hook_mlp_out.")
         values = view.values[ids].to(self.model.cfg.device, torch.float32)
         hook = view.value_hook
         if method == "logit_lens":
