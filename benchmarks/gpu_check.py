@@ -8,11 +8,11 @@ prints; ``--device cpu --small`` is the CI smoke mode (a tiny config, seconds)::
     OMP_NUM_THREADS=1 python benchmarks/gpu_check.py --device cpu --small
 
 Steps (each timed): value operator of one mid layer (reverse sweep), key operator of its MLP input (forward sweep),
-module operators of the downstream blocks, Query Lens value (full, first-order) and key signatures of FF-KV features,
-the feature-basis value products for 8 features, FF-KV splice metrics, a certificate, a short readout-SAE fit and one
-decomposition. Agreement: the value and key operators recomputed on the CPU on a slice of the corpus (fp32 copy of the
-model) vs the same slice on the device. The model is random (no hub access on the lent machines): the figures measure
-speed and numerics, not interpretability.
+module operators of the downstream blocks, Query Lens value (full, first-order) and key signatures of 8 FF-KV features
+from those operators, the same 8 features' value and key signatures on the feature basis (no full operator), FF-KV
+splice metrics, a certificate, a short readout-SAE fit and one decomposition. Agreement: the value and key operators
+recomputed on the CPU on a slice of the corpus (fp32 copy of the model) vs the same slice on the device. The model is
+random (no hub access on the lent machines): the figures measure speed and numerics, not interpretability.
 """
 
 from __future__ import annotations
@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> dict:
     for method in ("full", "first_order"):
         step(f"value signatures ({method})", lambda m=method: lens.value_signatures(ffkv, features, method=m))
     step("key signatures (full)", lambda: lens.key_signatures(ffkv, features))
+    fresh = QueryLens(model, tokens, basis="features", **engine)
+    pushed = step("value sigs, feature basis", lambda: fresh.value_signatures(ffkv, features, method="full"), n_tok)
+    step("key sigs, feature basis", lambda: fresh.key_signatures(ffkv, features), n_tok)
+    held = lens.value_signatures(ffkv, features, method="full")
+    out["feature_basis_rel_diff"] = float((pushed.directions - held.directions).abs().max()
+                                          / held.directions.abs().max())
     eval_tokens = tokens[: min(n_seqs, 256)]
     step("FF-KV splice metrics", lambda: splice_metrics(model, ffkv, eval_tokens, batch_size=args.batch_size),
          eval_tokens.numel())
