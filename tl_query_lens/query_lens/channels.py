@@ -239,6 +239,10 @@ def channel_analysis(
         **options: :class:`ChannelConfig` fields.
     """
     cfg = ChannelConfig(**options)
+    # Small dense fits: done on the CPU whatever device the operators were computed on (the engine returns them on
+    # the model's device), so seeded CPU generators and the inputs never mix devices.
+    values_by_source = {source: values.detach().float().cpu() for source, values in values_by_source.items()}
+    operators = {name: op.detach().float().cpu() for name, op in operators.items()}
     d = next(iter(values_by_source.values())).shape[1]
     rank = cfg.rank or max(1, d // n_layers)
     names, sources, dests, modules, fits = [], [], [], [], {f: {} for f in cfg.fits}
