@@ -159,7 +159,8 @@ class QueryLens:
         """``ḡ = N_lᵀ k`` of each feature (QL_KEY before the embedding readout), fp32, on the model's device."""
         view, ids = self._view(dictionary, features, 1)
         keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
-        if self._feature_basis(len(ids), keys.shape[1], view.read_hook in self._key, basis):
+        # The full key operator costs d_model tangents (from hook_embed), the feature basis one cotangent per key.
+        if self._feature_basis(len(ids), self.model.cfg.d_model, view.read_hook in self._key, basis):
             gradients = self._push("key", view.read_hook, keys)  # K N: the keys pulled back directly
         else:
             gradients = keys @ self.key_operator(view.read_hook)  # one row per feature
