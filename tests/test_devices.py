@@ -34,12 +34,13 @@ def test_engine_operators_stay_on_the_model_device(style, direction):
             assert ops.sums[name].device.type == "meta" and ops.sums[name].dtype == torch.float32, name
 
 
-def test_query_lens_directions_stay_on_the_model_device(style):
+@pytest.mark.parametrize("basis", ["identity", "features"])
+def test_query_lens_directions_stay_on_the_model_device(style, basis):
     # RMSPre: a final norm without a weight (the embedded model after fold_ln), where lens.py built a CPU torch.ones.
     overrides = {"normalization_type": "RMSPre"} if style == "gated_rms" else {}
     model, dictionary = meta_model(style, **overrides)
     tokens = tiny_tokens(model, n_seqs=2, seq_len=6)
-    lens = QueryLens(model, tokens, progress=False)
+    lens = QueryLens(model, tokens, progress=False, basis=basis)
     ids = [1, 5]
     with DeviceAudit() as audit:
         outputs = {method: lens.value_directions(dictionary, ids, method=method)

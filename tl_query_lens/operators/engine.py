@@ -108,6 +108,8 @@ def _stop_layer(model: HookedTransformer, hooks: Sequence[str]) -> int | None:
 
 def basis_fingerprint(basis: torch.Tensor) -> str:
     """Content hash of a feature basis (the operator set computed on it is cached under it)."""
+    if basis.device.type == "meta":  # shapes only: nothing to hash (and nothing worth caching)
+        return f"meta{tuple(basis.shape)}"
     data = basis.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
     return hashlib.sha256(data + str(tuple(basis.shape)).encode()).hexdigest()[:16]
 
