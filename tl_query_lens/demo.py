@@ -39,7 +39,7 @@ class DemoConfig:
     ffkv_layers: tuple[int, ...] = (6, 12, 18, 24)
     ql_layer: int = 18
     n_features: int = 8
-    operator_seqs: int = 4
+    operator_seqs: int = 32  # 8× the 4 × 32 tokens the full d × d operators allowed: 8 features use the feature basis
     seq_len: int = 32
     operator_cache: Path | None = None
     splice_seqs: int = 16

@@ -65,8 +65,8 @@ class NonFiniteError(InputError):
 
 def count_non_finite(tensor: torch.Tensor) -> int:
     """Number of NaN / inf entries of a floating tensor (0 for integer and boolean tensors)."""
-    if not (tensor.is_floating_point() or tensor.is_complex()):
-        return 0
+    if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.device.type == "meta":
+        return 0  # integer/boolean tensors cannot hold NaN; values on the meta device are unknown
     return int((~torch.isfinite(tensor)).sum())
 
 

@@ -68,5 +68,5 @@ def residual_hook_of(name: str) -> str:
         return name
     raise ValueError(
         f"Vectors written at {name!r} do not live in the residual stream; write hooks must be hook_resid_pre/mid/post, "
-        "hook_mlp_out or hook_attn_out (map hook_z dictionaries through W_O first)."
+        "hook_mlp_out or hook_attn_out (hook_z SAEs: as_key_value(sae, model) maps their values through W_O)."
     )

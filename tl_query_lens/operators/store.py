@@ -46,7 +46,8 @@ class OperatorSet:
         skip_positions: positions ``< skip_positions`` of every sequence are excluded from T.
         batches_done: sequence minibatches accumulated so far (for resuming); ``-1`` once complete.
         batch_size: sequences per minibatch (resuming needs the same split).
-        extra: free-form JSON-able metadata (e.g. the sweep direction used).
+        extra: free-form JSON-able metadata (the sweep direction used; ``basis``: the fingerprint of the feature basis
+            when the operators were computed on one, i.e. hold ``M Vᵀ`` / ``K N`` instead of ``M`` / ``N``).
     """
 
     kind: OperatorKind
@@ -101,10 +102,20 @@ class OperatorSet:
     def items(self):
         return ((name, self[name]) for name in self.sums)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the sums live (the model's device after the engine; CPU after :meth:`load`)."""
+        return next(iter(self.sums.values())).device if self.sums else torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> OperatorSet:
+        """The same set with its sums on ``device`` (a no-op copy-free view when they are already there)."""
+        return dataclasses.replace(self, sums={name: s.to(device) for name, s in self.sums.items()})
+
     # ----- combining ----------------------------------------------------------------------------------------------
     def compatible(self, other: OperatorSet) -> bool:
-        return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks) == (
-            other.kind, other.model_name, other.anchor_hook, other.dtype, other.skip_positions, other.hooks)
+        return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks,
+                self.extra.get("basis")) == (other.kind, other.model_name, other.anchor_hook, other.dtype,
+                                             other.skip_positions, other.hooks, other.extra.get("basis"))
 
     def merge(self, other: OperatorSet) -> OperatorSet:
         """Sums and counts of two shards added (e.g. two corpora, or two ranks); metadata must agree."""
