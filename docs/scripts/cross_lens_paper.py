@@ -52,6 +52,27 @@ def readout_sae(model):
     return SAE.from_pretrained("tlql-readout-smollm2-135m", "cpu")
 
 
+def readout_diagnostics(model, sae, out: Path) -> None:
+    """Both readout-diagnostics protocols on the same dictionary and evaluation tokens (32 × 17, the CLI default)."""
+    from tl_query_lens import load_corpus
+    from tl_query_lens.readout import collect_states
+    from tl_query_lens.readout.diagnostics_paper import readout_diagnostics_paper
+    from tl_query_lens.readout.evaluate import evaluate_readout
+
+    tokens = load_corpus("embedded", model, n_seqs=32, seq_len=17, split="evaluation", seed=0)
+    t0 = time.perf_counter()
+    final = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    paper = readout_diagnostics_paper(sae, model, final)
+    paper.save(out / "readout_paper")
+    t1 = time.perf_counter()
+    own = evaluate_readout(sae, model, collect_states(model, tokens), baselines=[])
+    own.save(out / "readout_mixed_layers")
+    summary = {"paper": {k: v for k, v in vars(paper).items() if k != "config"}, "paper_s": t1 - t0,
+               "mixed_layers": {"srp": own.srp, "ablation": own.ablation}, "mixed_layers_s": time.perf_counter() - t1}
+    (out / "readout_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    logger.info("readout diagnostics: %s", json.dumps(summary, default=str)[:2000])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1,4,16", help="lens corpus sizes in windows (x (window - skip) positions)")
@@ -60,10 +81,15 @@ def main() -> None:
     parser.add_argument("--layers", default=None, help="mid band (default: mid_band_layers)")
     parser.add_argument("--cache", default="/tmp/cl_ops")
     parser.add_argument("--out", default="results/cross_lens_paper")
+    parser.add_argument("--no-readout-diagnostics", dest="readout_diagnostics", action="store_false",
+                        help="skip the readout diagnostics (both protocols) run first on the same dictionary")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     model = load_model("smollm2-135m", device="cpu")
     sae = readout_sae(model)
+    out = Path(args.out)
+    if args.readout_diagnostics:
+        readout_diagnostics(model, sae, out)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else mid_band_layers(model.cfg.n_layers)
     hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
     sizes = sorted(int(x) for x in args.sizes.split(","))
@@ -75,7 +101,6 @@ def main() -> None:
         logger.info("%s: %d windows of %d tokens from distinct documents (train split: %d documents, %d long enough)",
                     name, w.tokens.shape[0], args.window, w.n_documents, w.n_eligible)
     sums: dict[str, object] = {}
-    out = Path(args.out)
     summary = {}
     for i in range(sizes[-1]):
         for name, w in windows.items():
