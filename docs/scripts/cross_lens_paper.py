@@ -34,22 +34,26 @@ def language_reference() -> list[str]:
     return [topics[key] for key in sorted(topics)]
 
 
-def readout_sae(model):
-    """The cached ``cpu`` readout SAE, fitted (default preset) and cached first if absent."""
+def readout_sae(model, max_seconds: float | None = None):
+    """The cached ``cpu`` readout SAE, fitted (default preset) and cached first if absent. With ``max_seconds`` the
+    fit is capped and cached under its own id (``cpu-<s>s``), never as the default dictionary."""
     from sae_lens import SAE
 
     from tl_query_lens import load_corpus
     from tl_query_lens.readout.fit import fit_readout
     from tl_query_lens.readout.registry import cached_sae_path
 
-    path = cached_sae_path("smollm2-135m", "cpu")
+    sae_id = "cpu" if max_seconds is None else f"cpu-{int(max_seconds)}s"
+    path = cached_sae_path("smollm2-135m", sae_id)
     if not (path / "cfg.json").exists():
         t0 = time.perf_counter()
         tokens = load_corpus("embedded", model, n_seqs=32, seq_len=32, split="train", seed=0)
-        fit = fit_readout(model, tokens, preset="cpu", use_wandb=False)
+        extra = {} if max_seconds is None else {"max_seconds": max_seconds}
+        fit = fit_readout(model, tokens, preset="cpu", use_wandb=False, **extra)
         fit.sae.save_model(path)
-        logger.info("readout SAE fitted in %.0f s and cached at %s", time.perf_counter() - t0, path)
-    return SAE.from_pretrained("tlql-readout-smollm2-135m", "cpu")
+        logger.info("readout SAE %s fitted in %.0f s (%s) and cached at %s", sae_id, time.perf_counter() - t0,
+                    json.dumps(fit.final), path)
+    return SAE.load_from_disk(str(path))
 
 
 def readout_diagnostics(model, sae, out: Path) -> None:
@@ -80,13 +84,15 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=16)
     parser.add_argument("--layers", default=None, help="mid band (default: mid_band_layers)")
     parser.add_argument("--cache", default="/tmp/cl_ops")
+    parser.add_argument("--fit-max-seconds", type=float, default=None,
+                        help="cap the readout fit (cached as its own id); default: the full cpu preset")
     parser.add_argument("--out", default="results/cross_lens_paper")
     parser.add_argument("--no-readout-diagnostics", dest="readout_diagnostics", action="store_false",
                         help="skip the readout diagnostics (both protocols) run first on the same dictionary")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     model = load_model("smollm2-135m", device="cpu")
-    sae = readout_sae(model)
+    sae = readout_sae(model, args.fit_max_seconds)
     out = Path(args.out)
     if args.readout_diagnostics:
         readout_diagnostics(model, sae, out)

@@ -31,10 +31,8 @@ from tl_query_lens.query_lens.paper_protocol import input_scores_paper, integer_
 from tl_query_lens.query_lens.steering import (
     NEUTRAL_PROMPTS,
     TeacherForced,
-    clamp_hooks,
     clamp_signatures,
     kl_per_row,
-    rank_percentiles,
     sample_continuations,
     zero_ablation_signatures,
 )
@@ -256,23 +254,9 @@ def steering_top_tokens(
     Each prompt is continued by sampling with feature i clamped to α_i on prompt and generated positions; the rise is
     pct_steered − pct_clean, both teacher-forced on those same tokens, averaged over positions and prompts.
     """
-    view = as_key_value(dictionary, model)
-    start = view_start_layer(view)
-    n = len(features)
-    rise = torch.zeros(n, model.cfg.d_vocab)
-    kl = torch.zeros(n)
-    gen = torch.Generator().manual_seed(seed)
-    rows = torch.arange(n)
-    for prompt in prompts:
-        hooks = clamp_hooks(view, features, alphas)
-        text = sample_continuations(model, prompt, n, n_generate=n_generate, temperature=temperature,
-                                    generator=gen, hooks=hooks)
-        run = TeacherForced(model, text, start)
-        steered = run.steered_logprobs(view, features, alphas, rows)
-        kl += kl_per_row(run.logprobs, steered).cpu()
-        for i in range(n):  # per feature: bounds the [pos, d_vocab] rank tensors
-            rise[i] += (rank_percentiles(steered[i]) - rank_percentiles(run.logprobs[i])).mean(0).cpu()
-    return rise.topk(n_steered, dim=-1).indices, kl / len(prompts)
+    rise, kl = steering_rise(model, as_key_value(dictionary, model), features, alphas, prompts,
+                             n_generate=n_generate, temperature=temperature, seed=seed, positions="all")
+    return rise.topk(n_steered, dim=-1).indices, kl
 
 
 def evaluate_signatures(

@@ -51,7 +51,7 @@ def input_scores_paper(tokenizer, top_tokens: Int[torch.Tensor, "n n_ctx"], sign
     """I(T) with the authors' normalisation: share of max-activating top tokens whose string is in T."""
     if top_tokens.shape[0] != signature_ids.shape[0]:
         raise ValueError("top_tokens and signature_ids must have one row per feature, in the same order.")
-    decode = lambda i: normalise_token_paper(tokenizer.decode([int(i)]))  # noqa: E731
+    decode = lambda i: normalise_token_paper(tokenizer.decode([int(i)]))
     scores = []
     for top, sig in zip(top_tokens.tolist(), signature_ids.tolist()):
         wanted = {decode(t) for t in sig}

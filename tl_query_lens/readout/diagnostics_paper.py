@@ -92,7 +92,7 @@ def _pool(h: torch.Tensor, rows_hat: torch.Tensor, rows: torch.Tensor, b_U: torc
     top2 = (logits + b_U).topk(2, dim=-1).indices
     t1, t2 = top2[:, 0], top2[:, 1]
     hat = h @ rows_hat.T
-    g = lambda x, t: x.gather(1, t[:, None])[:, 0]  # noqa: E731
+    g = lambda x, t: x.gather(1, t[:, None])[:, 0]
     return {"t1": t1, "t2": t2, "exact_comp": g(logits, t1) - g(logits, t2), "recon_comp": g(hat, t1) - g(hat, t2),
             "exact_mean": g(logits, t1) - logits.mean(-1), "recon_mean": g(hat, t1) - hat.mean(-1),
             "top1": ((hat + b_U).argmax(-1) == (logits + b_U).argmax(-1)).float()}
