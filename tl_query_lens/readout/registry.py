@@ -4,13 +4,18 @@ SAELens 6.x resolves a release through ``get_pretrained_saes_directory()`` (a ca
 ``PretrainedSAELookup``) and loads it with ``NAMED_PRETRAINED_SAE_LOADERS[lookup.conversion_func]``. On import we add
 the releases listed in ``releases.json`` (shipped with the package) to that dict, with the loader ``"tlql_readout"``:
 it reads a dictionary fitted locally into the user cache (``tl_query_lens.models.cache_dir()/readout``), else tries
-the release's hub repo (when one is listed and reachable), else raises an error that says how to fit it.
+the release's hub repo (when one is listed and reachable), else raises an error that lists the cached ids and says
+how to fit the missing one. A release's ids are read from the cache at each lookup, so every cached fit — ``cpu``,
+``quick`` (``tlql demo --quick``), ``paper``, or any ``--sae-id`` given to ``tlql readout fit`` — is reachable, also
+when it was fitted after this process registered the releases; models with a cached fit but no shipped entry get a
+release too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator, Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -41,9 +46,45 @@ def cached_sae_path(model_name: str, sae_id: str) -> Path:
     return cache_dir() / "readout" / release_name(model_name) / sae_id
 
 
+def cached_ids(model_name: str) -> list[str]:
+    """The ids of the readout SAEs of ``model_name`` fitted into the user cache (folders holding a ``cfg.json``)."""
+    release_dir = cached_sae_path(model_name, "_").parent
+    if not release_dir.is_dir():
+        return []
+    return sorted(p.name for p in release_dir.iterdir() if (p / "cfg.json").is_file())
+
+
 def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
-    preset = preset or sae_id
+    preset = preset or (sae_id if sae_id in ("cpu", "paper") else "cpu")
     return f"tlql readout fit --model {model_name} --preset {preset} --sae-id {sae_id}"
+
+
+class ReleaseIds(Mapping[str, str]):
+    """``saes_map`` of a readout release (id → ``"<model>/<id>"``): the shipped ids plus the ones cached right now.
+
+    Membership is granted to every id, so SAELens hands unknown ids to :func:`readout_loader`, whose error lists
+    what is cached; iteration (``keys()``, ``list(...)``) gives the shipped and cached ids only.
+    """
+
+    def __init__(self, model_name: str, shipped: list[str]):
+        self.model_name, self.shipped = model_name, list(shipped)
+
+    def _ids(self) -> list[str]:
+        return list(dict.fromkeys([*self.shipped, *cached_ids(self.model_name)]))
+
+    def __contains__(self, sae_id: object) -> bool:
+        return isinstance(sae_id, str) and bool(sae_id) and "/" not in sae_id
+
+    def __getitem__(self, sae_id: str) -> str:
+        if sae_id not in self:
+            raise KeyError(sae_id)
+        return f"{self.model_name}/{sae_id}"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids())
+
+    def __len__(self) -> int:
+        return len(self._ids())
 
 
 def readout_loader(
@@ -70,9 +111,11 @@ def readout_loader(
             return cfg, state, None
         except (OSError, ValueError) as err:  # offline, missing repo or files
             hub_error = f"the hub repo {repo_id!r} was not reachable or lacks it ({type(err).__name__})"
+    cached = ", ".join(cached_ids(model_name)) or "none yet"
     raise FileNotFoundError(
-        f"No readout SAE {sae_id!r} for {model_name} in the user cache ({local}) and {hub_error}. Fit it with "
-        f"`{fit_command(model_name, sae_id)}` (or ReadoutSAE.fit(model) then sae.save_model('{local}'))."
+        f"No readout SAE {sae_id!r} for {model_name} in the user cache ({local}) and {hub_error}. Cached ids for "
+        f"release {release_name(model_name)!r}: {cached}. Fit it with `{fit_command(model_name, sae_id)}` "
+        f"(or ReadoutSAE.fit(model) then sae.save_model('{local}'))."
     )
 
 
@@ -81,14 +124,15 @@ def register_releases(extra: dict[str, dict[str, Any]] | None = None) -> list[st
     NAMED_PRETRAINED_SAE_LOADERS.setdefault(LOADER_NAME, readout_loader)
     directory = get_pretrained_saes_directory()
     names = []
-    for model_name, entry in {**shipped_releases(), **(extra or {})}.items():
+    cached_models = {p.name.removeprefix(RELEASE_PREFIX): {"sae_ids": []} for p in _cached_release_dirs()}
+    for model_name, entry in {**cached_models, **shipped_releases(), **(extra or {})}.items():
         release = release_name(model_name)
         directory[release] = PretrainedSAELookup(
             release=release,
             repo_id=entry.get("repo_id") or f"local/{release}",
             model=entry.get("model", model_name),
             conversion_func=LOADER_NAME,
-            saes_map={sae_id: f"{model_name}/{sae_id}" for sae_id in entry["sae_ids"]},
+            saes_map=ReleaseIds(model_name, entry["sae_ids"]),
             expected_var_explained={},
             expected_l0={},
             neuronpedia_id={},
@@ -97,3 +141,10 @@ def register_releases(extra: dict[str, dict[str, Any]] | None = None) -> list[st
         )
         names.append(release)
     return names
+
+
+def _cached_release_dirs() -> list[Path]:
+    from tl_query_lens.models import cache_dir
+
+    root = cache_dir() / "readout"
+    return sorted(p for p in root.glob(RELEASE_PREFIX + "*") if p.is_dir()) if root.is_dir() else []
