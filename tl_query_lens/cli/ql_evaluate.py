@@ -37,6 +37,12 @@ def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-prompts", type=int, default=4, help="neutral prompts used (of a fixed list)")
     parser.add_argument("--temperature", type=float, default=0.75)
     parser.add_argument("--n-steps", type=int, default=8, help="α bisection steps")
+    parser.add_argument("--protocol", choices=("per-target", "paper"), default="per-target",
+                        help="'per-target' (this project's) or 'paper' (the authors' code: one S over both KL targets, "
+                             "generated positions, integer α in [1, 1000], TC at 10, ▁/Ġ/Ċ-only normalisation)")
+    parser.add_argument("--up-key", action="store_true",
+                        help="also score the authors' SwiGLU key (up-projection column at hook_resid_mid, no ln2 "
+                             "Jacobian) as LL_KEY_UP / QL_KEY_UP beside the gate-through-norm LL_KEY / QL_KEY")
     parser.add_argument("--cache-dir", default=None, help="operator cache (default: <out>/operators)")
 
 
@@ -78,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     lens = QueryLens(model, op_tokens, cache_dir=args.cache_dir or out / "operators")
     lens.precompute(value_hooks=[f"blocks.{layer}.hook_resid_post" for layer in layers],
-                    key_hooks=[f"blocks.{layer}.ln2.hook_normalized" for layer in layers],
+                    key_hooks=[f"blocks.{layer}.ln2.hook_normalized" for layer in layers]
+                    + ([f"blocks.{layer}.hook_resid_mid" for layer in layers] if args.up_key else []),
                     module_layers=range(min(layers) + 1, model.cfg.n_layers))
     timings = {"operators_s": time.time() - start}
     options = dict(n_contexts=args.n_contexts, kl_targets=tuple(float(x) for x in args.kl_targets.split(",")),
                    n_generate=args.n_generate, temperature=args.temperature, seed=args.seed,
-                   prompts=NEUTRAL_PROMPTS[: args.n_prompts], n_steps=args.n_steps)
+                   prompts=NEUTRAL_PROMPTS[: args.n_prompts], n_steps=args.n_steps, protocol=args.protocol)
     parts = []
     for layer in layers:
         sae = FFKV.from_model(model, layer)
@@ -98,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
             "QL_VALUE": lens.value_signatures(sae, features, k=args.k, method="full").top_ids,
             "QL_VALUE_1st": lens.value_signatures(sae, features, k=args.k, method="first_order").top_ids,
         }
+        if args.up_key:
+            from tl_query_lens.dictionaries.key_value import as_key_value
+            from tl_query_lens.query_lens.paper_protocol import up_projection_key_view
+
+            up = up_projection_key_view(as_key_value(sae, model), model)
+            methods["LL_KEY_UP"] = lens.key_signatures(up, features, k=args.k, method="logit_lens").top_ids
+            methods["QL_KEY_UP"] = lens.key_signatures(up, features, k=args.k, method="full").top_ids
         contexts = max_activating_contexts(model, sae, ev_tokens, n_contexts=args.n_contexts)
         part = evaluate_signatures(model, sae, ev_tokens, methods, features, contexts=contexts, **options)
         part.save(out / f"layer{layer}")

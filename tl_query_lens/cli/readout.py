@@ -50,6 +50,10 @@ def add_parser(subparsers) -> None:
     ev.add_argument("--n-seqs", type=int, default=32)
     ev.add_argument("--seq-len", type=int, default=17)
     ev.add_argument("--baselines", default=None, help="comma list (default: all, cheapest first); '' for none")
+    ev.add_argument("--protocol", choices=("mixed-layers", "paper"), default="mixed-layers",
+                    help="'mixed-layers' (this project's: logit-lens states of 4 layers, 3 contrast families, "
+                         "baselines) or 'paper' (the authors': final-layer states, top-1 vs top-2 / vocabulary mean, "
+                         "ρ₀, through-origin ablation R² over top-10 of covered contrasts)")
     ev.set_defaults(func=run_eval)
 
 
@@ -147,6 +151,8 @@ def run_eval(args: argparse.Namespace) -> int:
     sae = _load_sae(args)
     tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation",
                          seed=args.seed)
+    if args.protocol == "paper":
+        return _run_eval_paper(args, model, sae, tokens)
     states = collect_states(model, tokens)
     names = bl.BASELINE_ORDER if args.baselines is None else [b for b in args.baselines.split(",") if b]
     config = {k: v for k, v in vars(args).items() if k != "func"}
@@ -159,4 +165,22 @@ def run_eval(args: argparse.Namespace) -> int:
     for r in rows:
         print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r))
     print("ablation: " + json.dumps(report.ablation))
+    return 0
+
+
+def _run_eval_paper(args: argparse.Namespace, model, sae, tokens) -> int:
+    """``readout eval --protocol paper``: final-layer LM-head inputs, the authors' pool and ablation fit."""
+    from tl_query_lens.readout import collect_states
+    from tl_query_lens.readout.diagnostics_paper import readout_diagnostics_paper
+    from tl_query_lens.tracking import Tracker
+
+    states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    result = readout_diagnostics_paper(sae, model, states, seed=args.seed)
+    result.save(Path(args.out) / "protocol_paper")
+    scalars = {k: v for k, v in vars(result).items() if isinstance(v, (int, float))}
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    with Tracker(args.out, project=args.wandb_project, name="readout-eval-paper", config=config,
+                 use_wandb=args.wandb) as tracker:
+        tracker.log_scalars("readout_paper_protocol", scalars)
+    print(json.dumps({**scalars, "coverage_ci": result.coverage_ci, "by_family": result.coverage_by_family}))
     return 0
