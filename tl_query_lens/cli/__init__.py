@@ -8,7 +8,7 @@ import logging
 import sys
 
 # Each module defines ``add_parser(subparsers)`` that registers its subcommand and sets ``func(args) -> int``.
-SUBCOMMANDS = ("ffkv", "query_lens", "ql-evaluate", "ql-channels", "readout", "certify", "demo")
+SUBCOMMANDS = ("ffkv", "query_lens", "ql-evaluate", "ql-channels", "readout", "certify", "saes", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

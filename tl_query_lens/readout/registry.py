@@ -1,25 +1,21 @@
 """SAELens ``SAE.from_pretrained(release, sae_id)`` for this project's readout SAEs (DESIGN §6).
 
-SAELens 6.x resolves a release through ``get_pretrained_saes_directory()`` (a cached module-level dict of
-``PretrainedSAELookup``) and loads it with ``NAMED_PRETRAINED_SAE_LOADERS[lookup.conversion_func]``. On import we add
-the releases listed in ``releases.json`` (shipped with the package) to that dict, with the loader ``"tlql_readout"``:
-it reads a dictionary fitted locally into the user cache (``tl_query_lens.models.cache_dir()/readout``), else tries
-the release's hub repo (when one is listed and reachable), else raises an error that says how to fit it.
+The releases listed in ``releases.json`` (shipped with the package) are registered on import as a
+:class:`tl_query_lens.releases.LocalReleases` family with the loader ``"tlql_readout"``: it reads a dictionary fitted
+locally into ``cache_dir()/readout``, else tries the release's hub repo (when one is listed and reachable), else raises
+an error that says how to fit it.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import torch
-from sae_lens.loading.pretrained_sae_loaders import NAMED_PRETRAINED_SAE_LOADERS, sae_lens_disk_loader
-from sae_lens.loading.pretrained_saes_directory import PretrainedSAELookup, get_pretrained_saes_directory
 
-logger = logging.getLogger(__name__)
+from tl_query_lens.releases import LocalReleases
 
 LOADER_NAME = "tlql_readout"
 RELEASE_PREFIX = "tlql-readout-"
@@ -30,20 +26,24 @@ def shipped_releases() -> dict[str, dict[str, Any]]:
     return json.loads(files("tl_query_lens.readout").joinpath("releases.json").read_text(encoding="utf-8"))
 
 
+def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
+    preset = preset or sae_id
+    return f"tlql readout fit --model {model_name} --preset {preset} --sae-id {sae_id}"
+
+
+READOUT_RELEASES = LocalReleases(
+    prefix=RELEASE_PREFIX, cache_subdir="readout", loader_name=LOADER_NAME, command=fit_command,
+    releases=shipped_releases, what="readout SAE",
+)
+
+
 def release_name(model_name: str) -> str:
-    return RELEASE_PREFIX + model_name
+    return READOUT_RELEASES.release_name(model_name)
 
 
 def cached_sae_path(model_name: str, sae_id: str) -> Path:
     """Where a locally fitted readout SAE of ``model_name`` lives: ``<cache>/readout/<release>/<sae_id>``."""
-    from tl_query_lens.models import cache_dir
-
-    return cache_dir() / "readout" / release_name(model_name) / sae_id
-
-
-def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
-    preset = preset or sae_id
-    return f"tlql readout fit --model {model_name} --preset {preset} --sae-id {sae_id}"
+    return READOUT_RELEASES.cached_path(model_name, sae_id)
 
 
 def readout_loader(
@@ -54,46 +54,9 @@ def readout_loader(
     cfg_overrides: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor], torch.Tensor | None]:
     """SAELens loader: ``folder_name`` is ``"<model>/<sae_id>"``; the user cache first, then the hub repo."""
-    model_name, _, sae_id = folder_name.partition("/")
-    local = cached_sae_path(model_name, sae_id)
-    overrides = {k: v for k, v in (cfg_overrides or {}).items() if k in ("device", "dtype")}
-    if (local / "cfg.json").exists() and not force_download:
-        cfg, state = sae_lens_disk_loader(local, device=device, cfg_overrides=overrides)
-        return cfg, state, None
-    hub_error = "no hub repo is listed for it"
-    if repo_id and not repo_id.startswith("local/"):
-        try:
-            from huggingface_hub import snapshot_download
-
-            snap = Path(snapshot_download(repo_id, allow_patterns=[f"{folder_name}/*"], force_download=force_download))
-            cfg, state = sae_lens_disk_loader(snap / folder_name, device=device, cfg_overrides=overrides)
-            return cfg, state, None
-        except (OSError, ValueError) as err:  # offline, missing repo or files
-            hub_error = f"the hub repo {repo_id!r} was not reachable or lacks it ({type(err).__name__})"
-    raise FileNotFoundError(
-        f"No readout SAE {sae_id!r} for {model_name} in the user cache ({local}) and {hub_error}. Fit it with "
-        f"`{fit_command(model_name, sae_id)}` (or ReadoutSAE.fit(model) then sae.save_model('{local}'))."
-    )
+    return READOUT_RELEASES.loader(repo_id, folder_name, device, force_download, cfg_overrides)
 
 
 def register_releases(extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Add the shipped (and ``extra``) readout releases to SAELens' pretrained directory; returns their names."""
-    NAMED_PRETRAINED_SAE_LOADERS.setdefault(LOADER_NAME, readout_loader)
-    directory = get_pretrained_saes_directory()
-    names = []
-    for model_name, entry in {**shipped_releases(), **(extra or {})}.items():
-        release = release_name(model_name)
-        directory[release] = PretrainedSAELookup(
-            release=release,
-            repo_id=entry.get("repo_id") or f"local/{release}",
-            model=entry.get("model", model_name),
-            conversion_func=LOADER_NAME,
-            saes_map={sae_id: f"{model_name}/{sae_id}" for sae_id in entry["sae_ids"]},
-            expected_var_explained={},
-            expected_l0={},
-            neuronpedia_id={},
-            norm_scaling_factor={},
-            config_overrides=None,
-        )
-        names.append(release)
-    return names
+    return READOUT_RELEASES.register(extra)
