@@ -25,8 +25,8 @@ from tl_query_lens.saes.transcoder import (
     TopKTranscoder,
 )
 
-TINY = dict(model="tiny-test", layers=(1, 2), d_sae=48, k=4, training_tokens=1536, batch_size_tokens=128,
-            n_checkpoints=3, lr_warm_up_steps=2, dead_feature_window=4, seq_len=16)
+TINY = {"model": "tiny-test", "layers": (1, 2), "d_sae": 48, "k": 4, "training_tokens": 1536,
+        "batch_size_tokens": 128, "n_checkpoints": 3, "lr_warm_up_steps": 2, "dead_feature_window": 4, "seq_len": 16}
 
 
 @pytest.fixture()
@@ -90,7 +90,7 @@ def test_shuffled_epochs_cover_every_token_and_resume_at_any_position(tmp_path):
     keys = {"a": ("blocks.1.hook_resid_post",)}
     data = ShuffledEpochs(act, keys, batch_size=16, seed=1)
     epoch = torch.cat([next(data)["a"] for _ in range(4)])  # 64 tokens = one epoch
-    stored = torch.from_numpy(act.array("blocks.1.hook_resid_post")[:]).float()
+    stored = torch.tensor(act.array("blocks.1.hook_resid_post")[:].astype("float32"))
     assert sorted(map(tuple, epoch.tolist())) == sorted(map(tuple, stored.tolist()))
     later = [next(data)["a"] for _ in range(3)]
     resumed = ShuffledEpochs(act, keys, batch_size=16, seed=1, position=4)
@@ -141,7 +141,8 @@ for sid in {result.sae_ids!r}:
 print("ok")
 """
     env = {**os.environ, "TLQL_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
     again = train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)  # already trained: nothing to do
     assert again.complete and again.seconds_training == result.seconds_training
@@ -239,3 +240,14 @@ def test_report_matches_splice_metrics_and_zero_ablation(cache):
     assert "| `tc` |" in quality.markdown()
     saved = quality.save(cache / "q")
     assert json.loads((saved / "result.json").read_text())["fields"]["rows"][1]["sae_id"] == "tc"
+
+
+def test_cli_rejects_out_of_range_layers_and_unknown_ids(cache, monkeypatch):
+    import tl_query_lens
+    from tl_query_lens.cli import main
+
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: tiny_model("gelu_ln"))
+    with pytest.raises(SystemExit, match=r"out of range; valid: 0\.\.2"):
+        main(["saes", "train", "--model", "tiny-test", "--layers", "1,7"])
+    with pytest.raises(KeyError, match="valid ids"):
+        main(["saes", "report", "--ids", "blocks.1.hook_foo", "--no-wandb"])

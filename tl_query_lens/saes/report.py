@@ -70,10 +70,11 @@ class SuiteQuality(SavableResult):
 
     def markdown(self) -> str:
         """The table as Markdown (the columns of docs/saes.md)."""
-        head = "| id | L0 | alive | EV | CE clean | CE splice | CE zero | CE recovered | KL |"
-        lines = [head, "|" + "---|" * 9]
+        head = "| id | L0 | alive (eval) | alive (train window) | EV | CE clean | CE splice | CE zero | CE recovered | KL |"
+        lines = [head, "|" + "---|" * 10]
         for r in self.rows:
-            lines.append(f"| `{r['sae_id']}` | {r['mean_l0']:.1f} | {r['alive_rate']:.1%} | "
+            window = f"{r['alive_train_window']:.1%}" if "alive_train_window" in r else "–"
+            lines.append(f"| `{r['sae_id']}` | {r['mean_l0']:.1f} | {r['alive_rate']:.1%} | {window} | "
                          f"{r['explained_variance']:.3f} | {r['ce_clean']:.3f} | {r['ce_spliced']:.3f} | "
                          f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |")
         return "\n".join(lines)
@@ -188,6 +189,22 @@ def load_suite(model_name: str, ids: list[str] | None = None, *, device: str = "
     return {sid: SAE.from_pretrained(release, sid, device=device) for sid in (ids or valid)}
 
 
+def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
+    """Alive share over the last sparsity window of training (SAELens' ``sparsity.safetensors`` of the newest
+    checkpoint: log10 firing frequency, -10 = never fired), a larger sample than a small evaluation set."""
+    from safetensors.torch import load_file
+
+    checkpoints = sorted((p for p in (folder / ".train" / "checkpoints").glob("*") if p.name.isdigit()),
+                         key=lambda p: int(p.name))
+    if not checkpoints:
+        return
+    for row in quality.rows:
+        path = checkpoints[-1] / row["sae_id"] / "sparsity.safetensors"
+        if path.exists():
+            row["alive_train_window"] = (load_file(str(path))["sparsity"] > -9.99).float().mean().item()
+            row["checkpoint"] = checkpoints[-1].name
+
+
 def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any) -> int:
     """``tlql saes report``: load the suite, measure, write ``quality.json`` + table, log via Tracker."""
     import json
@@ -209,6 +226,7 @@ def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any)
     with Tracker(out, project=args.wandb_project, name="saes-report", config=config, use_wandb=args.wandb) as tracker:
         quality = suite_quality(model, saes, tokens, batch_size=cfg.batch_size)
         quality.config = config
+        _add_training_window_alive(quality, SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model))
         quality.save(out)
         (out / "quality.md").write_text(quality.markdown() + "\n", encoding="utf-8")
         tracker.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])

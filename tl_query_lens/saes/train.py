@@ -31,12 +31,17 @@ from sae_lens.config import LoggingConfig, SAETrainerConfig
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 from sae_lens.training._interruption import InterruptedException, interrupt_callback
 from sae_lens.training.multi_sae_trainer import MultiSAETrainer
+from safetensors import SafetensorError
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
 from tl_query_lens.saes.registry import SAES_RELEASES, sae_id, suite_hooks
-from tl_query_lens.saes.transcoder import FastTopKTrainingSAE, TopKTrainingTranscoder, TopKTrainingTranscoderConfig
+from tl_query_lens.saes.transcoder import (
+    FastTopKTrainingSAE,
+    TopKTrainingTranscoder,
+    TopKTrainingTranscoderConfig,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +345,7 @@ def _resume(trainer: _CheckpointingTrainer, data: ShuffledEpochs, ckpt_dir: Path
     try:
         trainer.load_checkpoint(newest)
         data.position = int(json.loads((newest / "data_position.json").read_text(encoding="utf-8"))["position"])
-    except (OSError, RuntimeError, KeyError, ValueError, json.JSONDecodeError) as err:
+    except (OSError, RuntimeError, KeyError, ValueError, json.JSONDecodeError, SafetensorError) as err:
         older = f" The previous checkpoint {found[-2]} is intact." if len(found) > 1 else ""
         raise RuntimeError(
             f"Cannot resume from the checkpoint {newest} ({type(err).__name__}: {err}).{older} Move that folder "
@@ -371,10 +376,12 @@ def _export(trainer: MultiSAETrainer, root: Path, cfg: SAESuiteConfig, cache: Ac
         staging = root / f".export-{sid}"
         shutil.rmtree(staging, ignore_errors=True)
         snapshot.save_inference_model(str(staging))
-        target = root / sid
+        target, old = root / sid, root / f".old-{sid}"
+        shutil.rmtree(old, ignore_errors=True)
         if target.exists():
-            shutil.rmtree(target)
+            target.rename(old)  # two renames: a reader finds the folder except for microseconds
         staging.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
     seen = trainer.n_training_samples
     write_json(root / "suite.json", {
         "model": cfg.model, "sae_ids": list(trainer.saes), "status": "complete" if complete else "partial",

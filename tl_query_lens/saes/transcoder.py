@@ -17,8 +17,9 @@ training step on a CPU; it saves as SAELens' own ``"topk"`` SAE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
