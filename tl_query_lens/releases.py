@@ -1,16 +1,19 @@
-"""SAELens ``SAE.from_pretrained(release, sae_id)`` for dictionaries this project trains into the user cache.
+"""SAELens ``SAE.from_pretrained(release, sae_id)`` for dictionaries this project fits or trains into the user cache.
 
 SAELens 6.x resolves a release through ``get_pretrained_saes_directory()`` (a cached module-level dict of
 ``PretrainedSAELookup``) and loads it with ``NAMED_PRETRAINED_SAE_LOADERS[lookup.conversion_func]``. A
-:class:`LocalReleases` family (the readout SAEs, the trained SAE/transcoder suite) adds its releases to that dict with
-its own loader: the loader reads the dictionary from ``cache_dir()/<cache_subdir>/<release>/<sae_id>``, else tries
-the release's hub repo (when one is listed and reachable), else raises an error naming the one command that trains it.
+:class:`LocalReleases` family (the readout SAEs; the trained SAE/transcoder suite) adds its releases to that dict with
+its own loader: the loader reads ``cache_dir()/<cache_subdir>/<release>/<sae_id>``, else tries the release's hub repo
+(when one is listed and reachable), else raises an error that lists the cached ids and names the one command that
+makes the missing dictionary. A release's ids are read from the cache at each lookup (:class:`ReleaseIds`), so a
+dictionary written after this process registered the releases is reachable too; models with something cached but no
+shipped entry get a release as well.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +33,19 @@ class LocalReleases:
         prefix: release name prefix; the release of model ``m`` is ``prefix + m``.
         cache_subdir: folder under the user cache that holds ``<release>/<sae_id>/``.
         loader_name: the key of this family's loader in SAELens' ``NAMED_PRETRAINED_SAE_LOADERS``.
-        command: ``(model_name, sae_id) -> str``, the command that trains a missing dictionary.
-        releases: ``() -> {model_name: {"model": ..., "repo_id": ..., "sae_ids": [...]}}``.
+        command: ``(model_name, sae_id) -> str``, the command that makes a missing dictionary.
+        shipped: ``() -> {model_name: {"model": ..., "repo_id": ..., "sae_ids": [...]}}`` (the package's list).
         what: a noun for messages ("readout SAE").
+        verb: how the command makes it ("Fit", "Train").
     """
 
     prefix: str
     cache_subdir: str
     loader_name: str
     command: Callable[[str, str], str]
-    releases: Callable[[], dict[str, dict[str, Any]]]
+    shipped: Callable[[], dict[str, dict[str, Any]]]
     what: str
+    verb: str = "Train"
 
     def release_name(self, model_name: str) -> str:
         return self.prefix + model_name
@@ -53,6 +58,19 @@ class LocalReleases:
     def cached_path(self, model_name: str, sae_id: str) -> Path:
         """``<cache>/<cache_subdir>/<release>/<sae_id>``."""
         return self.root() / self.release_name(model_name) / sae_id
+
+    def cached_ids(self, model_name: str) -> list[str]:
+        """Ids of ``model_name``'s dictionaries in the user cache (folders holding a ``cfg.json``)."""
+        release_dir = self.root() / self.release_name(model_name)
+        if not release_dir.is_dir():
+            return []
+        return sorted(p.name for p in release_dir.iterdir() if (p / "cfg.json").is_file())
+
+    def cached_models(self) -> list[str]:
+        root = self.root()
+        if not root.is_dir():
+            return []
+        return sorted(p.name.removeprefix(self.prefix) for p in root.glob(self.prefix + "*") if p.is_dir())
 
     def loader(
         self,
@@ -80,24 +98,27 @@ class LocalReleases:
                 return cfg, state, None
             except (OSError, ValueError) as err:  # offline, missing repo or files
                 hub_error = f"the hub repo {repo_id!r} was not reachable or lacks it ({type(err).__name__})"
+        cached = ", ".join(self.cached_ids(model_name)) or "none yet"
         raise FileNotFoundError(
-            f"No {self.what} {sae_id!r} for {model_name} in the user cache ({local}) and {hub_error}. "
-            f"Train it with `{self.command(model_name, sae_id)}`."
+            f"No {self.what} {sae_id!r} for {model_name} in the user cache ({local}) and {hub_error}. Cached ids for "
+            f"release {self.release_name(model_name)!r}: {cached}. {self.verb} it with "
+            f"`{self.command(model_name, sae_id)}`."
         )
 
     def register(self, extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
-        """Add this family's releases (and ``extra``) to SAELens' pretrained directory; returns their names."""
+        """Add this family's releases (shipped, cached, and ``extra``) to SAELens' directory; returns their names."""
         NAMED_PRETRAINED_SAE_LOADERS[self.loader_name] = self.loader
         directory = get_pretrained_saes_directory()
         names = []
-        for model_name, entry in {**self.releases(), **(extra or {})}.items():
+        cached = {model: {"sae_ids": []} for model in self.cached_models()}
+        for model_name, entry in {**cached, **self.shipped(), **(extra or {})}.items():
             release = self.release_name(model_name)
             directory[release] = PretrainedSAELookup(
                 release=release,
                 repo_id=entry.get("repo_id") or f"local/{release}",
                 model=entry.get("model", model_name),
                 conversion_func=self.loader_name,
-                saes_map={sae_id: f"{model_name}/{sae_id}" for sae_id in entry["sae_ids"]},
+                saes_map=ReleaseIds(self, model_name, entry["sae_ids"]),
                 expected_var_explained={},
                 expected_l0={},
                 neuronpedia_id={},
@@ -106,3 +127,31 @@ class LocalReleases:
             )
             names.append(release)
         return names
+
+
+class ReleaseIds(Mapping[str, str]):
+    """``saes_map`` of a release (id → ``"<model>/<id>"``): the shipped ids plus the ones cached right now.
+
+    Membership is granted to every id, so SAELens hands unknown ids to the family's loader, whose error lists what
+    is cached; iteration (``keys()``, ``list(...)``) gives the shipped and cached ids only.
+    """
+
+    def __init__(self, family: LocalReleases, model_name: str, shipped: list[str]):
+        self.family, self.model_name, self.shipped = family, model_name, list(shipped)
+
+    def _ids(self) -> list[str]:
+        return list(dict.fromkeys([*self.shipped, *self.family.cached_ids(self.model_name)]))
+
+    def __contains__(self, sae_id: object) -> bool:
+        return isinstance(sae_id, str) and bool(sae_id) and "/" not in sae_id
+
+    def __getitem__(self, sae_id: str) -> str:
+        if sae_id not in self:
+            raise KeyError(sae_id)
+        return f"{self.model_name}/{sae_id}"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids())
+
+    def __len__(self) -> int:
+        return len(self._ids())

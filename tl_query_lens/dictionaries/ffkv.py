@@ -127,11 +127,47 @@ class FFKVSAE(SAE[FFKVSAEConfig]):
         return self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP output reconstructed from its input. Like SAELens' ``Transcoder``, a standalone forward neither
+        adds an error term nor fires ``hook_sae_output`` (the true output lives at another hook); spliced into a
+        ``HookedSAETransformer`` the wrapper adds the error term and fires ``hook_sae_error``/``hook_sae_output``."""
         return self.decode(self.encode(x))
 
     @property
     def d_out(self) -> int:
         return self.cfg.d_out
+
+    @torch.no_grad()
+    def fold_and_get_W_dec_norm(self) -> torch.Tensor:
+        """Give every value row unit norm and move its norm into ``act_scale`` (so ``fold_W_dec_norm`` is exact).
+
+        SAELens' default fold scales ``W_enc``/``b_enc``, which is only exact for a positively homogeneous
+        activation (ReLU); FF-KV's GELU/SiLU and the gated product are not. Here the norm multiplies the activation
+        after the nonlinearity instead, so a_i·v_i is unchanged: the result is the ``"normalized"`` variant.
+        A TopK variant ranks the activations, so rescaling them would change which k survive: it folds only when
+        its value rows are already unit-norm (``variant="normalized"``, a no-op) and raises otherwise.
+        """
+        norms = self.get_W_dec_norm()
+        if self.cfg.k is not None:
+            if (norms - 1).abs().max().item() > 1e-6:
+                raise NotImplementedError(
+                    f"fold_W_dec_norm would change which features this TopK FF-KV keeps (variant={self.cfg.variant!r}"
+                    f" ranks activations by {self.cfg.topk_by} before the value norms): it cannot be folded exactly. "
+                    "Build FFKV.from_model(model, layer, 'normalized', k=...) for unit-norm values (it ranks "
+                    "a_i·‖v_i‖, a different dictionary), or load without fold_W_dec_norm=True."
+                )
+            return norms  # already unit-norm: folding is the identity
+        self.W_dec.data.div_(norms[:, None])
+        self.act_scale.data.mul_(norms)
+        self.cfg.variant = "normalized"
+        return norms
+
+    @torch.no_grad()
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        """Fold a constant input scale s: afterwards ``sae(x) == original(s·x) / s`` (SAELens' convention).
+        The gated variant's second input projection reads the input too, so it is scaled with ``W_enc``."""
+        super().fold_activation_norm_scaling_factor(scaling_factor)
+        if self.cfg.mlp_kind == "gated":
+            self.W_enc_lin.data *= scaling_factor
 
 
 def topk_mask(acts: torch.Tensor, k: int, *, by: Literal["magnitude", "value"] = "magnitude") -> torch.Tensor:

@@ -1,9 +1,12 @@
 """SAELens ``SAE.from_pretrained(release, sae_id)`` for this project's readout SAEs (DESIGN §6).
 
-The releases listed in ``releases.json`` (shipped with the package) are registered on import as a
-:class:`tl_query_lens.releases.LocalReleases` family with the loader ``"tlql_readout"``: it reads a dictionary fitted
-locally into ``cache_dir()/readout``, else tries the release's hub repo (when one is listed and reachable), else raises
-an error that says how to fit it.
+The releases listed in ``releases.json`` (shipped with the package), and every model with a readout fit in the user
+cache, are registered on import as a :class:`tl_query_lens.releases.LocalReleases` family with the loader
+``"tlql_readout"``: it reads a dictionary fitted locally into ``cache_dir()/readout``, else tries the release's hub
+repo (when one is listed and reachable), else raises an error that lists the cached ids and says how to fit the
+missing one. Ids are read from the cache at each lookup, so every cached fit — ``cpu``, ``quick``
+(``tlql demo --quick``), ``paper``, or any ``--sae-id`` given to ``tlql readout fit`` — is reachable, also when it was
+fitted after this process registered the releases.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tl_query_lens.releases import LocalReleases
+from tl_query_lens.releases import LocalReleases, ReleaseIds
 
 LOADER_NAME = "tlql_readout"
 RELEASE_PREFIX = "tlql-readout-"
@@ -27,13 +30,13 @@ def shipped_releases() -> dict[str, dict[str, Any]]:
 
 
 def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
-    preset = preset or sae_id
+    preset = preset or (sae_id if sae_id in ("cpu", "paper") else "cpu")
     return f"tlql readout fit --model {model_name} --preset {preset} --sae-id {sae_id}"
 
 
 READOUT_RELEASES = LocalReleases(
     prefix=RELEASE_PREFIX, cache_subdir="readout", loader_name=LOADER_NAME, command=fit_command,
-    releases=shipped_releases, what="readout SAE",
+    shipped=shipped_releases, what="readout SAE", verb="Fit",
 )
 
 
@@ -44,6 +47,11 @@ def release_name(model_name: str) -> str:
 def cached_sae_path(model_name: str, sae_id: str) -> Path:
     """Where a locally fitted readout SAE of ``model_name`` lives: ``<cache>/readout/<release>/<sae_id>``."""
     return READOUT_RELEASES.cached_path(model_name, sae_id)
+
+
+def cached_ids(model_name: str) -> list[str]:
+    """The ids of the readout SAEs of ``model_name`` fitted into the user cache (folders holding a ``cfg.json``)."""
+    return READOUT_RELEASES.cached_ids(model_name)
 
 
 def readout_loader(
@@ -58,5 +66,9 @@ def readout_loader(
 
 
 def register_releases(extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
-    """Add the shipped (and ``extra``) readout releases to SAELens' pretrained directory; returns their names."""
+    """Add the shipped, cached (and ``extra``) readout releases to SAELens' pretrained directory; returns their names."""
     return READOUT_RELEASES.register(extra)
+
+
+__all__ = ["READOUT_RELEASES", "ReleaseIds", "cached_ids", "cached_sae_path", "fit_command", "readout_loader",
+           "register_releases", "release_name", "shipped_releases"]

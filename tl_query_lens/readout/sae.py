@@ -35,10 +35,13 @@ class ReadoutSAEConfig(SAEConfig):
     Attributes:
         d_vocab: number of unembedding rows the dictionary was fitted to.
         k: TopK budget per row.
+        input_scale: multiplies the code z; 1 unless ``fold_activation_norm_scaling_factor`` folded an input scale
+            (the encoder only sees the direction of w − μ, so the scale cannot live in ``W_enc``).
     """
 
     d_vocab: int = 0
     k: int = 64
+    input_scale: float = 1.0
     apply_b_dec_to_input: bool = True
 
     @classmethod
@@ -87,7 +90,7 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
 
     def normalized_codes(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_sae"]:
         """TopK_k(ReLU(x W_enc + b_enc)) for normalised rows x (the space the SAE is trained in)."""
-        pre = x @ self.W_enc + self.b_enc
+        pre = self.hook_sae_acts_pre(x @ self.W_enc + self.b_enc)
         return topk_relu(pre, self.cfg.k)
 
     def encode(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_sae"]:
@@ -95,20 +98,60 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         centred = self.process_sae_in(x)
         norms = centred.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(centred.dtype).tiny)
         codes = self.normalized_codes(centred / norms)
-        return self.hook_sae_acts_post(codes * norms)
+        return self.hook_sae_acts_post(codes * (norms * self.cfg.input_scale))
 
     def decode(self, feature_acts: Float[torch.Tensor, "... d_sae"]) -> Float[torch.Tensor, "... d_model"]:
         """μ + z W_dec: the reconstructed row."""
         return self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(x))
+    # ``forward`` is SAELens' own: it adds the error term when ``use_error_term`` is set and fires hook_sae_error /
+    # hook_sae_output (the readout SAE reads and writes the same space).
+
+    @torch.no_grad()
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        """Fold a constant input scale s: afterwards ``encode(x) == original.encode(s·x)`` and
+        ``decode(z) == original.decode(z) / s`` (SAELens' convention). The encoder sees only the direction of
+        w − μ, so s goes into ``cfg.input_scale`` instead of ``W_enc``; μ, the decoder and the row norms are
+        divided by s, so the stored codes stay exact for rows w_t/s (decompose against an unscaled LM head refuses
+        the folded dictionary: its rows no longer match)."""
+        s = float(scaling_factor)
+        self.W_dec.data /= s
+        self.b_dec.data /= s
+        self.row_norms /= s
+        self.cfg.input_scale *= s
+        self.cfg.normalize_activations = "none"
+
+    @torch.no_grad()
+    def fold_and_get_W_dec_norm(self) -> torch.Tensor:
+        """Decoder rows are unit-norm by construction, so folding is the identity; any other norms would change
+        which k codes survive (as for SAELens' ``TopKSAE``), so they are refused."""
+        norms = self.get_W_dec_norm()
+        if (norms - 1).abs().max().item() > 1e-5:
+            raise NotImplementedError(
+                "fold_W_dec_norm would change which k features this readout SAE keeps (its decoder rows are not unit "
+                "norm, e.g. after fold_activation_norm_scaling_factor): load it without fold_W_dec_norm=True."
+            )
+        return norms
+
+    def process_state_dict_for_saving(self, state_dict: dict[str, Any]) -> None:
+        super().process_state_dict_for_saving(state_dict)
+        # SAELens' loaders cast every stored tensor to the requested dtype (bfloat16 is exact only up to 256,
+        # float16 up to 2048): store the feature ids as base-256 digits, which every float dtype holds exactly.
+        state_dict[ID_DIGITS_KEY] = ids_to_digits(state_dict.pop("code_indices"), self.cfg.d_sae)
 
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
         super().process_state_dict_for_loading(state_dict)
-        # SAELens loaders cast every tensor to the config dtype; feature ids are integers (exact below 2**24).
-        if "code_indices" in state_dict:
-            state_dict["code_indices"] = state_dict["code_indices"].round().long()
+        if ID_DIGITS_KEY in state_dict:
+            state_dict["code_indices"] = digits_to_ids(state_dict.pop(ID_DIGITS_KEY))
+        elif "code_indices" in state_dict:  # saved before the digit format: exact only in float32 / float64
+            ids = state_dict["code_indices"]
+            if ids.is_floating_point() and self.cfg.d_sae - 1 > 2 / torch.finfo(ids.dtype).eps:
+                raise ValueError(
+                    f"This readout SAE was saved in an older format whose feature ids (up to {self.cfg.d_sae - 1}) "
+                    f"{ids.dtype} cannot hold exactly: load it with dtype='float32', then .to(torch.{ids.dtype}) "
+                    "(or save it again with this version to make low-precision loads safe)."
+                )
+            state_dict["code_indices"] = ids.round().long()
 
     # -------------------------------------------------------------------------------------------- stored codes
     def row_codes(self, tokens: Int[torch.Tensor, " n"] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,6 +227,22 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         from tl_query_lens.readout.decompose import decompose
 
         return decompose(self, h, alpha, **kwargs)
+
+
+ID_DIGITS_KEY = "code_indices_base256"
+
+
+def ids_to_digits(ids: torch.Tensor, d_sae: int) -> torch.Tensor:
+    """Integer ids [..] as little-endian base-256 digits [.., n] (uint8), n = digits needed for ``d_sae - 1``."""
+    n_digits = max(1, (max(d_sae - 1, 1).bit_length() + 7) // 8)
+    shifts = torch.arange(n_digits, device=ids.device) * 8
+    return ((ids.long()[..., None] >> shifts) & 255).to(torch.uint8)
+
+
+def digits_to_ids(digits: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`ids_to_digits`; accepts the digits in any dtype a loader cast them to (exact in all)."""
+    shifts = torch.arange(digits.shape[-1], device=digits.device) * 8
+    return (digits.round().long() << shifts).sum(-1)
 
 
 def decode_sparse(indices: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor) -> torch.Tensor:

@@ -3,13 +3,12 @@
 Uses the same :class:`tl_query_lens.releases.LocalReleases` mechanism as the readout SAEs. Ids: residual SAEs are
 named by their hook (``blocks.L.hook_resid_post``), transcoders ``blocks.L.transcoder`` (they read the MLP input,
 ``blocks.L.ln2.hook_normalized``, and write ``blocks.L.hook_mlp_out``). The shipped list (``releases.json``) names
-the embedded model's suite; suites trained for other models are found in the user cache (their ``suite.json``).
+the embedded model's suite; suites trained for other models are found in the user cache.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 from importlib.resources import files
 from typing import Any, Literal
@@ -18,8 +17,6 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.ffkv import mlp_read_hook
 from tl_query_lens.releases import LocalReleases
-
-logger = logging.getLogger(__name__)
 
 _ID = re.compile(r"^blocks\.(\d+)\.(hook_resid_post|transcoder)$")
 
@@ -51,27 +48,14 @@ def train_command(model_name: str, sae_id_: str) -> str:
     return f"tlql saes train --model {model_name}{layers}"
 
 
-def known_releases() -> dict[str, dict[str, Any]]:
-    """The shipped release list plus every suite trained into the user cache."""
-    shipped = json.loads(files("tl_query_lens.saes").joinpath("releases.json").read_text(encoding="utf-8"))
-    root = SAES_RELEASES.root()
-    found: dict[str, dict[str, Any]] = {}
-    if root.exists():
-        for suite in sorted(root.glob(f"{SAES_RELEASES.prefix}*/suite.json")):
-            try:
-                info = json.loads(suite.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as err:
-                logger.warning("skipping unreadable %s (%s)", suite, err)
-                continue
-            model = info["model"]
-            ids = list(dict.fromkeys([*shipped.get(model, {}).get("sae_ids", []), *info["sae_ids"]]))
-            found[model] = {"model": model, "repo_id": None, "sae_ids": ids}
-    return {**shipped, **found}
+def shipped_releases() -> dict[str, dict[str, Any]]:
+    """The release list shipped in the package (``tl_query_lens/saes/releases.json``)."""
+    return json.loads(files("tl_query_lens.saes").joinpath("releases.json").read_text(encoding="utf-8"))
 
 
 SAES_RELEASES = LocalReleases(
     prefix="tlql-saes-", cache_subdir="saes", loader_name="tlql_saes", command=train_command,
-    releases=known_releases, what="trained SAE or transcoder",
+    shipped=shipped_releases, what="trained SAE or transcoder",
 )
 
 
