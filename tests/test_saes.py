@@ -251,3 +251,8 @@ def test_cli_rejects_out_of_range_layers_and_unknown_ids(cache, monkeypatch):
         main(["saes", "train", "--model", "tiny-test", "--layers", "1,7"])
     with pytest.raises(KeyError, match="valid ids"):
         main(["saes", "report", "--ids", "blocks.1.hook_foo", "--no-wandb"])
+
+
+def test_steps_cover_at_least_the_requested_tokens():
+    cfg = SAESuiteConfig(training_tokens=2_000_000, batch_size_tokens=1024)
+    assert cfg.n_steps == 1954 and cfg.n_steps * 1024 >= 2_000_000

@@ -18,6 +18,7 @@ __all__ = [
     "QueryLens",
     "ReadoutSAE",
     "ReadoutSAEConfig",
+    "TopKTranscoder",
     "as_key_value",
     "certify",
     "certify_layers",
@@ -25,5 +26,4 @@ __all__ = [
     "load_model",
     "query_lens_reference",
     "shuffle_ablation",
-    "TopKTranscoder",
 ]

@@ -108,7 +108,8 @@ class SAESuiteConfig:
 
     @property
     def n_steps(self) -> int:
-        return self.training_tokens // self.batch_size_tokens
+        """Optimiser steps: enough batches for at least ``training_tokens`` activations."""
+        return -(-self.training_tokens // self.batch_size_tokens)
 
     def fingerprint(self) -> str:
         """Hash of everything that changes the trained weights (not ``n_checkpoints``)."""
