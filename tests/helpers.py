@@ -40,6 +40,66 @@ def tiny_config(style: Style = "gelu_ln", **overrides) -> HookedTransformerConfi
     return HookedTransformerConfig(**{**common, **kw, **overrides})
 
 
+# The architecture matrix: tiny random configs mirroring the families users run (DESIGN §4; issue 13).
+ARCHITECTURES: dict[str, dict] = {
+    # GPT-2: LayerNorm, learned positions, gelu_new, qkv biases.
+    "gpt2": {"act_fn": "gelu_new", "normalization_type": "LN", "positional_embedding_type": "standard"},
+    # Pythia (GPT-NeoX): parallel attention/MLP, partial rotary (rotary_dim < d_head), LayerNorm, gelu.
+    "pythia": {
+        "act_fn": "gelu",
+        "normalization_type": "LN",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 4,
+        "parallel_attn_mlp": True,
+    },
+    # Gemma-2: RMS pre+post norms around each module, attention and final-logit soft-capping, gated gelu_pytorch_tanh.
+    "gemma2": {
+        "act_fn": "gelu_pytorch_tanh",
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "gated_mlp": True,
+        "final_rms": True,
+        "use_normalization_before_and_after": True,
+        "attn_scores_soft_cap": 5.0,
+        "output_logits_soft_cap": 3.0,
+        "n_key_value_heads": 2,
+    },
+    # Llama: RMS, rotary, GQA, SiLU-gated MLP.
+    "llama": {
+        "act_fn": "silu",
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "gated_mlp": True,
+        "final_rms": True,
+        "n_key_value_heads": 2,
+    },
+    # Qwen: Llama-like with biases on q, k, v.
+    "qwen": {
+        "act_fn": "silu",
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "gated_mlp": True,
+        "final_rms": True,
+        "n_key_value_heads": 2,
+    },
+}
+_QKV_BIASES = {"gpt2", "pythia", "qwen"}
+
+
+def arch_model(arch: str, **overrides) -> HookedSAETransformer:
+    """A tiny random model of one ``ARCHITECTURES`` family, norms and biases randomised (qkv biases where it has them)."""
+    model = tiny_model("gelu_ln", **{**ARCHITECTURES[arch], **overrides})
+    if arch in _QKV_BIASES:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.split(".")[-1].lstrip("_") in {"b_Q", "b_K", "b_V"}:
+                    param.normal_(0.0, 0.3)
+    return model
+
+
 def tiny_model(style: Style = "gelu_ln", *, perturb_norms: bool = True, **overrides) -> HookedSAETransformer:
     """Random tiny model; norm weights/biases and MLP biases are randomised so folding bugs cannot hide."""
     torch.manual_seed(0)
@@ -63,6 +123,27 @@ def tiny_tokens(model, n_seqs: int = 4, seq_len: int = 12, seed: int = 0) -> tor
 @pytest.fixture(params=STYLES)
 def style(request) -> Style:
     return request.param
+
+
+class DeviceAudit(torch.overrides.TorchFunctionMode):
+    """Records every torch call whose tensor arguments (0-d scalars aside) live on more than one device.
+
+    PyTorch itself is lax on the ``meta`` device (``cpu_tensor @ meta_tensor`` silently returns a CPU tensor), so a run
+    with the model on ``meta`` only catches a stray CPU tensor under this mode. Use ``with DeviceAudit() as audit:``
+    and assert ``audit.mixed == []``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixed: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+        devices = {t.device.type for t in flat if isinstance(t, torch.Tensor) and t.ndim > 0}
+        if len(devices) > 1:
+            self.mixed.append(f"{getattr(func, '__name__', func)} on {sorted(devices)}")
+        return func(*args, **kwargs)
 
 
 def tiny_readout(model, d_sae: int = 128, k: int = 8, seed: int = 3):

@@ -3,6 +3,7 @@ import csv
 import pytest
 
 from tl_query_lens.cli import main, parse_layers
+from tl_query_lens.errors import InputError
 
 
 def test_help(capsys):
@@ -16,7 +17,7 @@ def test_help(capsys):
 def test_parse_layers():
     assert parse_layers("0-2,5", 30) == [0, 1, 2, 5]
     assert parse_layers("all", 3) == [0, 1, 2]
-    with pytest.raises(SystemExit, match="out of range"):
+    with pytest.raises(InputError, match="out of range"):
         parse_layers("31", 30)
 
 

@@ -51,6 +51,12 @@ def test_query_lens_command(tmp_path, tiny_loaders, method):
     assert list((out / "wandb").glob("offline-run-*"))
 
 
-def test_query_lens_command_rejects_bad_features(tmp_path, tiny_loaders):
-    with pytest.raises(SystemExit, match="out of range"):
-        main(["query-lens", "--layers", "1", "--features", "0,64", "--no-wandb", "--out", str(tmp_path)])
+def test_query_lens_command_rejects_bad_features_before_any_operator(tmp_path, tiny_loaders, monkeypatch, capsys):
+    from tl_query_lens.query_lens import QueryLens
+
+    def no_operators(*args, **kwargs):
+        raise AssertionError("operators computed before the features were checked")
+
+    monkeypatch.setattr(QueryLens, "precompute", no_operators)
+    assert main(["query-lens", "--layers", "1", "--features", "0,64", "--no-wandb", "--out", str(tmp_path)]) == 2
+    assert "--features 64 out of range; valid: 0..63" in capsys.readouterr().err

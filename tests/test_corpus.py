@@ -81,3 +81,14 @@ def test_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"body": "x"}))
     with pytest.raises(ValueError, match="'text' field"):
         read_documents(tmp_path / "bad.jsonl")
+
+
+def test_stdlib_source_adds_short_docstrings_and_the_language_reference():
+    embedded, stdlib = read_documents("embedded"), read_documents("stdlib")
+    assert set(embedded) <= set(stdlib)  # every long docstring is still there; "embedded" itself is unchanged
+    assert len(stdlib) > 2 * len(embedded) and sum(map(len, stdlib)) > 1.5 * sum(map(len, embedded))
+    assert any("Assert statements are a convenient way" in doc for doc in stdlib)  # pydoc_data.topics
+    assert any(len(doc) < 200 for doc in stdlib) and len(set(stdlib)) == len(stdlib)
+    splits = {s: load_corpus("stdlib", TOK, n_seqs=None, seq_len=64, split=s) for s in ("train", "evaluation")}
+    assert check_disjoint(splits["train"], splits["evaluation"]) == 0
+    assert splits["train"].shape[0] > 2 * splits["evaluation"].shape[0]

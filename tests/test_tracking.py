@@ -27,25 +27,31 @@ def test_savable_result_round_trip(tmp_path):
     assert meta == {"model": "m", "n": 3} and torch.equal(tensors["a"], torch.ones(2))
 
 
+def _records_when_flushed(path, timeout: float = 20.0):
+    """wandb's writer may still be flushing a second run of the same process when ``finish()`` returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_offline_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def test_offline_run_logs_table_and_artifact(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline must be the default
     monkeypatch.delenv("WANDB_DIR", raising=False)
     rows = [[0, 0.5, "a"], [1, 0.25, "b"]]
     with Tracker(tmp_path, name="test", config={"k": 3}) as tracker:
-        assert tracker.run.settings.mode == "offline"
         table_path = tracker.log_table("summary", ["layer", "score", "tag"], rows)
         tracker.log_scalars("metrics", {"ev": 0.9})
         tracker.log_plot("curve", go.Figure(go.Scatter(x=[0, 1], y=[1, 2])))
         tracker.log_artifact("summary-files", [table_path])
-        run_dir = tracker.run_dir
+        assert tracker.run_dir is None  # W&B is opened only after the results are on disk
+    run_dir = tracker.run_dir
+    assert tracker.wandb_error is None and run_dir.name.startswith("offline-run-")
     assert table_path.read_text().splitlines()[1] == "0,0.5,a"  # on disk first
-    deadline = time.monotonic() + 60
-    while True:  # wandb's offline writer may still be flushing the log after finish() returns
-        records = read_offline_records(next(run_dir.glob("*.wandb")))
-        kinds = [r.WhichOneof("record_type") for r in records]
-        if "exit" in kinds or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    records = _records_when_flushed(next(run_dir.glob("*.wandb")))
+    kinds = [r.WhichOneof("record_type") for r in records]
     assert "run" in kinds and "exit" in kinds
     logged = {}
     for r in records:

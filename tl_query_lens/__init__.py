@@ -6,6 +6,7 @@ from tl_query_lens.dictionaries import FFKV, FFKVSAE, FFKVSAEConfig, KeyValueVie
 from tl_query_lens.models import load_model
 from tl_query_lens.query_lens import QueryLens, query_lens_reference
 from tl_query_lens.readout import ReadoutSAE, ReadoutSAEConfig
+from tl_query_lens.saes import TopKTranscoder  # registers "topk_transcoder" and the tlql-saes releases
 
 __version__ = "0.1.0"
 
@@ -17,6 +18,7 @@ __all__ = [
     "QueryLens",
     "ReadoutSAE",
     "ReadoutSAEConfig",
+    "TopKTranscoder",
     "as_key_value",
     "certify",
     "certify_layers",

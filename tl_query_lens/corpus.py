@@ -1,7 +1,10 @@
 """Token corpora with disjoint, deterministic splits (DESIGN §2).
 
 The embedded source is English prose every machine has: the docstrings of Python's standard library, read from
-source with ``ast`` (nothing is imported), doctest lines dropped, deduplicated, in a fixed order.
+source with ``ast`` (nothing is imported), doctest lines dropped, deduplicated, in a fixed order. ``"embedded"`` keeps
+only docstrings of at least 200 characters (the recorded figures were measured on it); ``"stdlib"`` is the larger
+source for training dictionaries: every docstring, the language reference shipped as ``pydoc_data/topics.py``
+(read with ``ast`` too) and the licence text, each cut into paragraph groups of about 1,000 characters.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Literal
 import torch
 from jaxtyping import Int
 
+from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
+
 logger = logging.getLogger(__name__)
 
 Split = Literal["train", "calibration", "evaluation"]
@@ -30,6 +35,9 @@ Split = Literal["train", "calibration", "evaluation"]
 SPLIT_SHARES: dict[str, tuple[int, int]] = {"train": (0, 60), "calibration": (60, 80), "evaluation": (80, 100)}
 _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip", "turtledemo"}
 MIN_DOC_CHARS = 200
+# The "stdlib" source: long texts are cut into groups of paragraphs of about this size, so the hash split is fine-grained.
+CHUNK_CHARS = 1000
+SOURCES = ("embedded", "stdlib")
 
 
 def _clean_docstring(text: str) -> str:
@@ -48,7 +56,7 @@ def _clean_docstring(text: str) -> str:
     return "\n".join(" ".join(p.split()) for p in paragraphs if p.strip()).strip()
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=2)
 def stdlib_docstrings(min_chars: int = MIN_DOC_CHARS) -> tuple[str, ...]:
     """All standard-library docstrings of at least ``min_chars`` characters, cleaned, deduplicated, sorted by path.
 
@@ -91,48 +99,136 @@ def _parse_docstrings(root: Path, min_chars: int) -> list[str]:
     return docs
 
 
+def _paragraph_chunks(text: str, size: int = CHUNK_CHARS) -> list[str]:
+    """Consecutive blank-line-separated paragraphs of ``text`` joined into chunks of at least ``size`` characters."""
+    chunks: list[str] = []
+    current: list[str] = []
+    for para in (p.strip() for p in text.split("\n\n")):
+        if not para:
+            continue
+        current.append(para)
+        if sum(map(len, current)) >= size:
+            chunks.append("\n\n".join(current))
+            current = []
+    if current:
+        chunks.append("\n\n".join(current))
+    return chunks
+
+
+def _pydoc_topics(root: Path) -> list[str]:
+    """The language-reference topics shipped in ``pydoc_data/topics.py``, read with ``ast`` (not imported)."""
+    path = root / "pydoc_data" / "topics.py"
+    if not path.exists():
+        logger.warning("%s is missing; the 'stdlib' corpus goes without the language reference", path)
+        return []
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "topics" for t in node.targets):
+            topics = ast.literal_eval(node.value)
+            return [topics[name] for name in sorted(topics)]
+    raise ValueError(f"{path} has no `topics = {{...}}` assignment; this Python's pydoc_data layout is unknown.")
+
+
+@lru_cache(maxsize=1)
+def stdlib_texts() -> tuple[str, ...]:
+    """The ``"stdlib"`` source: every docstring, the pydoc topics and the licence, in paragraph chunks, deduplicated.
+
+    Cached in the user cache directory like :func:`stdlib_docstrings`.
+    """
+    from tl_query_lens.models import cache_dir
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    cached = cache_dir() / "corpus" / f"stdlib-texts-{version}-{CHUNK_CHARS}.json"
+    if cached.exists():
+        return tuple(json.loads(cached.read_text(encoding="utf-8")))
+    long_texts = _pydoc_topics(root)
+    licence = root / "LICENSE.txt"
+    if licence.exists():
+        long_texts.append(licence.read_text(encoding="utf-8"))
+    seen: set[str] = set()
+    docs: list[str] = []
+    for doc in [*stdlib_docstrings(1), *(c for t in long_texts for c in _paragraph_chunks(t))]:
+        if doc not in seen:
+            seen.add(doc)
+            docs.append(doc)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(docs), encoding="utf-8")
+    tmp.replace(cached)
+    return tuple(docs)
+
+
 def _read_local(path: Path) -> list[str]:
     if path.is_dir():
-        return [doc for p in sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl")) for doc in _read_local(p)]
+        files = sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl"))
+        if not files:
+            raise InputError(
+                f"The corpus folder {path} holds no .txt or .jsonl files; put documents there or pass a file."
+            )
+        return [doc for p in files for doc in _read_local(p)]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CorruptFileError(path, f"is not UTF-8 text (byte {err.start})", "Convert it to UTF-8.") from err
     if path.suffix == ".jsonl":
-        docs = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if "text" not in record:
-                raise ValueError(f"{path}:{n + 1} has no 'text' field; each JSONL line needs {{'text': ...}}.")
-            docs.append(str(record["text"]))
-        return docs
+        return _read_jsonl(path, text)
     # Plain text: one document per blank-line-separated block.
-    return [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+    return [block.strip() for block in text.split("\n\n") if block.strip()]
+
+
+def _read_jsonl(path: Path, text: str) -> list[str]:
+    """One ``{"text": ...}`` object per line; a bad line raises an error naming the file and the line."""
+    docs = []
+    fix = 'Each line must be one JSON object with a "text" field: {"text": "..."}; fix or delete that line.'
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorruptFileError(
+                f"{path}:{n}", f"line {n} is not valid JSON ({err.msg} at column {err.colno})", fix
+            ) from err
+        if not isinstance(record, dict) or "text" not in record:
+            raise CorruptFileError(f"{path}:{n}", f"line {n} has no 'text' field", fix)
+        docs.append(str(record["text"]))
+    return docs
 
 
 def _read_hf_dataset(name: str, max_docs: int, text_field: str = "text") -> list[str]:
     try:
         import datasets
     except ImportError as err:
-        raise ImportError("HF datasets as a corpus need `pip install datasets`.") from err
+        raise UnavailableError(
+            f"{name!r} is not a local file or folder, and HF datasets as a corpus need "
+            "`pip install datasets`; offline, use 'embedded' or a local .txt/.jsonl path."
+        ) from err
     try:
         stream = datasets.load_dataset(name, split="train", streaming=True)
         return [str(row[text_field]) for _, row in zip(range(max_docs), stream)]
     except (OSError, ValueError, ConnectionError, KeyError) as err:
-        raise RuntimeError(
+        raise UnavailableError(
             f"Could not read HF dataset {name!r} ({err}). Offline, use source='embedded' or a local .txt/.jsonl path."
         ) from err
 
 
 def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_docs: int = 20000) -> list[str]:
-    """Documents of a corpus source: ``"embedded"``, a local .txt/.jsonl file or folder, an HF dataset name, or texts."""
+    """Documents of a corpus source: ``"embedded"``, ``"stdlib"``, a local .txt/.jsonl file or folder, an HF dataset
+    name, or texts."""
     if not isinstance(source, (str, Path)):
         return [str(t) for t in source]
     if str(source) == "embedded":
         return list(stdlib_docstrings())
+    if str(source) == "stdlib":
+        return list(stdlib_texts())
     path = Path(source)
     if path.exists():
         return _read_local(path)
     if path.suffix in {".txt", ".jsonl"}:
-        raise FileNotFoundError(f"Corpus file {path} does not exist.")
+        raise MissingFileError(
+            f"Corpus file {path} does not exist; give an existing .txt/.jsonl file or folder, or 'embedded'."
+        )
     return _read_hf_dataset(str(source), max_hf_docs)
 
 
@@ -156,34 +252,37 @@ def load_corpus(
     source: str | Path | Iterable[str] = "embedded",
     tokenizer=None,
     *,
-    n_seqs: int = 64,
+    n_seqs: int | None = 64,
     seq_len: int = 32,
     split: Split = "train",
     seed: int = 0,
 ) -> Int[torch.Tensor, "batch pos"]:
     """Fixed-length token sequences from one split of a corpus.
 
-    Documents are assigned to train / calibration / evaluation by a hash of their text (60/20/20, ``SPLIT_SHARES``), tokenized,
-    joined with the EOS token, cut into ``seq_len`` windows, and ``n_seqs`` windows are drawn with ``seed``.
+    Documents are assigned to train / calibration / evaluation by a hash of their text (60/20/20), tokenized,
+    joined with the EOS token, cut into ``seq_len`` windows, and ``n_seqs`` windows are drawn with ``seed``
+    (``n_seqs=None``: every window of the split, in the seeded order).
 
     Returns:
         LongTensor ``[n_seqs, seq_len]``.
     """
     if split not in SPLIT_SHARES:
-        raise ValueError(f"Unknown split {split!r}; use one of {sorted(SPLIT_SHARES)}.")
-    if n_seqs < 1 or seq_len < 1:
-        raise ValueError(f"n_seqs and seq_len must be positive, got n_seqs={n_seqs}, seq_len={seq_len}.")
+        raise InputError(f"Unknown split {split!r}; use one of {sorted(SPLIT_SHARES)}.")
+    if (n_seqs is not None and n_seqs < 1) or seq_len < 1:
+        raise InputError(f"n_seqs and seq_len must be positive, got n_seqs={n_seqs}, seq_len={seq_len}.")
     tok = _get_tokenizer(tokenizer)
     docs = [d for d in read_documents(source) if d.strip() and document_split(d) == split]
     if not docs:
-        raise ValueError(
+        raise InputError(
             f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
             "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field)."
         )
-    stream = _token_stream(docs, tok)
+    stream = _token_stream(tuple(docs), tok)
     n_windows = stream.numel() // seq_len
-    if n_windows < n_seqs:
-        raise ValueError(
+    if n_seqs is None:
+        n_seqs = n_windows
+    if n_windows < n_seqs or n_windows == 0:
+        raise InputError(
             f"Split {split!r} of {source!r} holds {n_windows} sequences of {seq_len} tokens, fewer than n_seqs={n_seqs}; "
             "lower n_seqs or seq_len, or use a larger corpus."
         )

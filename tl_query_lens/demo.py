@@ -39,7 +39,7 @@ class DemoConfig:
     ffkv_layers: tuple[int, ...] = (6, 12, 18, 24)
     ql_layer: int = 18
     n_features: int = 8
-    operator_seqs: int = 4
+    operator_seqs: int = 32  # 8× the 4 × 32 tokens the full d × d operators allowed: 8 features use the feature basis
     seq_len: int = 32
     operator_cache: Path | None = None
     splice_seqs: int = 16
@@ -306,5 +306,5 @@ def run_demo(cfg: DemoConfig) -> DemoOutputs:
         )
         tracker.log_scalars("timing", seconds)
         tracker.log_artifact("demo-report", [report, np_path])
-        wandb_dir = tracker.run_dir
+    wandb_dir = tracker.run_dir  # set once the tracker has finished (W&B is logged after the results)
     return DemoOutputs(out=cfg.out, report=report, neuronpedia=np_path, wandb_dir=wandb_dir, seconds=seconds)

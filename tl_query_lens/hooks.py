@@ -8,18 +8,21 @@ import re
 import torch
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.errors import HookNotFoundError
+
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 # Where a module's output joins the residual stream: perturbing it equals perturbing that residual hook.
 _RESIDUAL_OF_OUTPUT = {"hook_mlp_out": "hook_resid_post", "hook_attn_out": "hook_resid_mid"}
 
 
 def check_hook(model: HookedTransformer, name: str) -> str:
-    """Return ``name`` if the model has that hook point, else raise a KeyError listing the closest valid names."""
+    """Return ``name`` if the model has that hook point, else raise a HookNotFoundError (a KeyError) listing the closest
+    valid names."""
     if name in model.hook_dict:
         return name
     close = difflib.get_close_matches(name, list(model.hook_dict), n=5, cutoff=0.5)
     examples = close or [n for n in model.hook_dict if n.startswith("blocks.0.")][:12]
-    raise KeyError(
+    raise HookNotFoundError(
         f"Unknown hook {name!r} for this model ({model.cfg.n_layers} layers). "
         f"Did you mean one of {examples}? Build names with transformer_lens.utils.get_act_name, "
         f"e.g. get_act_name('resid_post', 3) -> 'blocks.3.hook_resid_post'."
@@ -63,5 +66,5 @@ def residual_hook_of(name: str) -> str:
         return name
     raise ValueError(
         f"Vectors written at {name!r} do not live in the residual stream; write hooks must be hook_resid_pre/mid/post, "
-        "hook_mlp_out or hook_attn_out (map hook_z dictionaries through W_O first)."
+        "hook_mlp_out or hook_attn_out (hook_z SAEs: as_key_value(sae, model) maps their values through W_O)."
     )

@@ -13,6 +13,8 @@ import torch
 from sae_lens import HookedSAETransformer
 from transformer_lens import HookedTransformerConfig
 
+from tl_query_lens.errors import UnavailableError
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODELS = {
@@ -161,7 +163,7 @@ def load_model(
             name, device=device, dtype=dtype, fold_ln=True, center_writing_weights=False, center_unembed=False
         )
     except (OSError, ValueError) as err:
-        raise RuntimeError(
+        raise UnavailableError(
             f"Could not load model {name!r}: {err}. Offline, use the embedded model: load_model('smollm2-135m'). "
             f"Other names need TransformerLens' supported list and a reachable model hub."
         ) from err

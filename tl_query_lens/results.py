@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from typing_extensions import Self
 
+from tl_query_lens.errors import CorruptFileError
+
 
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -62,13 +64,42 @@ def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: 
     return path
 
 
-def read_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a safetensors file written by :func:`write_tensors`: ``(tensors, metadata)``."""
-    from safetensors import safe_open
+RERUN_FIX = "Delete it and rerun the command that wrote it."
 
-    with safe_open(str(path), framework="pt") as handle:
-        meta = {k: json.loads(v) for k, v in (handle.metadata() or {}).items()}
-    return load_file(str(path)), meta
+
+def read_tensors(path: str | Path, *, fix: str = RERUN_FIX) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a safetensors file written by :func:`write_tensors`: ``(tensors, metadata)``.
+
+    Raises:
+        CorruptFileError: the file is missing, truncated or not safetensors (the message names it and ``fix``).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CorruptFileError(path, "is missing", fix)
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = {k: json.loads(v) for k, v in (handle.metadata() or {}).items()}
+        return load_file(str(path)), meta
+    except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError) as err:
+        raise CorruptFileError(path, f"is not a readable safetensors file ({_first_line(err)})", fix) from err
+
+
+def read_json(path: str | Path, *, fix: str = RERUN_FIX) -> Any:
+    """Read a JSON file; a missing or malformed file raises :class:`~tl_query_lens.errors.CorruptFileError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorruptFileError(path, "is missing", fix)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptFileError(path, f"is not valid JSON ({_first_line(err)})", fix) from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def _slug(key: Any) -> str:
@@ -142,7 +173,14 @@ class SavableResult:
     def load(cls, path: str | Path) -> Self:
         """Load a result saved with :meth:`save`."""
         path = Path(path)
-        record = json.loads((path / "result.json").read_text(encoding="utf-8"))
+        if not path.is_dir():
+            raise CorruptFileError(
+                path, f"is not a folder holding a saved {cls.__name__}", "Pass the folder that .save() wrote."
+            )
+        fix = f"Delete {path} and rerun the command that wrote it."
+        record = read_json(path / "result.json", fix=fix)
+        if not isinstance(record, dict) or "fields" not in record:
+            raise CorruptFileError(path / "result.json", "has no 'type' and 'fields' entries", fix)
         if record.get("type") != cls.__name__:
             raise TypeError(f"{path} holds a {record.get('type')}, not a {cls.__name__}.")
         hints = typing.get_type_hints(cls)
@@ -160,8 +198,11 @@ class SavableResult:
                 fields[name] = _load_part(hint, path / spec["folder"])
         tensor_file = path / "tensors.safetensors"
         if tensor_file.exists():
-            fields.update(load_file(str(tensor_file)))
-        return cls(**fields)  # type: ignore[call-arg]
+            fields.update(read_tensors(tensor_file, fix=fix)[0])
+        try:
+            return cls(**fields)  # type: ignore[call-arg]
+        except TypeError as err:  # missing or unexpected fields: a partial folder or another version
+            raise CorruptFileError(path, f"does not hold the fields of a {cls.__name__} ({err})", fix) from err
 
 
 def _is_sae(value: Any) -> bool:

@@ -17,7 +17,13 @@ logger = logging.getLogger(__name__)
 
 
 class Tracker:
-    """One analysis run: every table, scalar set and plot is written under ``out_dir`` first, then logged to W&B.
+    """One analysis run: every table, scalar set and plot is written under ``out_dir`` at once; W&B comes last.
+
+    The W&B run is opened only when the tracker finishes (the end of its ``with`` block, after the results are on
+    disk), and everything logged is replayed into it then. If W&B fails (no API key, no network, a refused server),
+    every result stays on disk, the run is written offline instead where possible, and a warning says how to log it
+    later (``wandb sync``) or skip W&B (``--no-wandb`` / ``use_wandb=False``, ``WANDB_MODE=offline``). A block that
+    raises logs nothing to W&B (its files stay on disk).
 
     Args:
         out_dir: results folder (created).
@@ -27,7 +33,8 @@ class Tracker:
         use_wandb: False keeps everything on disk only.
 
     ``WANDB_MODE`` defaults to ``offline``; a user's own ``WANDB_MODE`` wins. Run files go to ``WANDB_DIR`` if set,
-    else ``out_dir``.
+    else ``out_dir``. ``WANDB_INIT_TIMEOUT`` (seconds) bounds how long an unreachable server is retried. After :meth:`finish`, ``run_dir`` is the W&B run folder (None without a run) and
+    ``wandb_error`` the reason W&B failed (None if it did not).
     """
 
     def __init__(
@@ -43,78 +50,137 @@ class Tracker:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.config = dict(config or {})
         write_json(self.out_dir / "config.json", self.config)
-        self.run = None
-        if use_wandb:
-            try:
-                import wandb
-            except ImportError as err:
-                raise ImportError(
-                    "W&B logging needs `pip install wandb`; or pass use_wandb=False (CLI: --no-wandb). "
-                    f"Results already computed are on disk under {self.out_dir}."
-                ) from err
-            self._wandb = wandb
-            mode = os.environ.get("WANDB_MODE", "offline")
-            wandb_dir = Path(os.environ.get("WANDB_DIR", self.out_dir))
-            wandb_dir.mkdir(parents=True, exist_ok=True)
-            self.run = wandb.init(
-                project=project, name=name, config=self.config, mode=mode, dir=str(wandb_dir), reinit="finish_previous"
-            )
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The W&B run folder (holds the offline ``.wandb`` file), or None without W&B."""
-        return Path(self.run.dir).parent if self.run is not None else None
+        self.project, self.name, self.use_wandb = project, name, use_wandb
+        self.run_dir: Path | None = None
+        self.wandb_error: str | None = None
+        self._pending: list[tuple[str, tuple]] = []  # W&B calls, replayed by finish()
+        self._finished = False
 
     def log_scalars(self, name: str, values: dict[str, float], step: int | None = None) -> Path:
-        """Write ``out_dir/{name}.json`` and log the values (keys prefixed by ``name/``)."""
+        """Write ``out_dir/{name}.json``; W&B gets the values (keys prefixed by ``name/``) at :meth:`finish`."""
         path = write_json(self.out_dir / f"{name}.json", values)
-        if self.run is not None:
-            self.run.log({f"{name}/{k}": v for k, v in values.items()}, step=step)
+        self._pending.append(("scalars", ({f"{name}/{k}": v for k, v in values.items()}, step)))
         return path
 
     def log_table(self, name: str, columns: list[str], rows: list[list[Any]]) -> Path:
-        """Write ``out_dir/{name}.csv`` and log it as a ``wandb.Table``."""
+        """Write ``out_dir/{name}.csv``; W&B gets it as a ``wandb.Table`` at :meth:`finish`."""
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(columns)
         writer.writerows(rows)
         path = atomic_write_text(self.out_dir / f"{name}.csv", buffer.getvalue())
-        if self.run is not None:
-            self.run.log({name: self._wandb.Table(columns=columns, data=[list(r) for r in rows])})
+        self._pending.append(("table", (name, list(columns), [list(r) for r in rows])))
         return path
 
     def log_plot(self, name: str, figure) -> Path:
-        """Write a plotly figure to ``out_dir/{name}.html`` (JavaScript embedded: opens offline) and log it."""
+        """Write a plotly figure to ``out_dir/{name}.html`` (JavaScript embedded: opens offline); logged at finish."""
         path = atomic_write_text(self.out_dir / f"{name}.html", figure.to_html(include_plotlyjs=True, full_html=True))
-        if self.run is not None:
-            self.run.log({name: self._wandb.Html(str(path))})
+        self._pending.append(("html", (name, path)))
         return path
 
     def log_artifact(self, name: str, paths: list[str | Path], *, type: str = "results") -> None:
-        """Log files or folders already on disk as one W&B artifact."""
+        """Log files or folders already on disk as one W&B artifact (at :meth:`finish`)."""
         missing = [str(p) for p in paths if not Path(p).exists()]
         if missing:
             raise FileNotFoundError(f"Artifact {name!r}: write these to disk before logging: {missing}")
-        if self.run is None:
-            return
-        artifact = self._wandb.Artifact(name, type=type)
-        for p in map(Path, paths):
-            if p.is_dir():
-                artifact.add_dir(str(p), name=p.name)
-            else:
-                artifact.add_file(str(p))
-        self.run.log_artifact(artifact)
+        self._pending.append(("artifact", (name, [Path(p) for p in paths], type)))
 
+    # ----- W&B, after the results are on disk -------------------------------------------------------------------
     def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+        """Open the W&B run, replay everything logged, close it; a W&B failure only warns (results are on disk)."""
+        if self._finished:
+            return
+        self._finished = True
+        if not self.use_wandb:
+            return
+        try:
+            import wandb
+        except ImportError as err:
+            self._warn(f"wandb is not installed ({err})", offline_dir=None)
+            return
+        mode = os.environ.get("WANDB_MODE", "offline")
+        try:
+            self._log_run(wandb, mode)
+        except (wandb.errors.Error, OSError) as err:  # no key, unreachable or refusing server, disk
+            reason = _one_line(err)
+            if mode == "offline":
+                self._warn(reason, offline_dir=None)
+                return
+            try:
+                self._log_run(wandb, "offline")
+            except (wandb.errors.Error, OSError) as offline_err:
+                self._warn(f"{reason}; offline logging failed too ({_one_line(offline_err)})", offline_dir=None)
+                return
+            self._warn(reason, offline_dir=self.run_dir)
+
+    def _log_run(self, wandb, mode: str) -> None:
+        wandb_dir = Path(os.environ.get("WANDB_DIR", self.out_dir))
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        timeout = os.environ.get("WANDB_INIT_TIMEOUT")  # seconds W&B retries an unreachable server (default 90)
+        settings = wandb.Settings(init_timeout=float(timeout)) if timeout else None
+        run = wandb.init(
+            project=self.project,
+            name=self.name,
+            config=self.config,
+            mode=mode,
+            dir=str(wandb_dir),
+            reinit="finish_previous",
+            settings=settings,
+        )
+        try:
+            for kind, payload in self._pending:
+                if kind == "scalars":
+                    run.log(payload[0], step=payload[1])
+                elif kind == "table":
+                    run.log({payload[0]: wandb.Table(columns=payload[1], data=payload[2])})
+                elif kind == "html":
+                    run.log({payload[0]: wandb.Html(str(payload[1]))})
+                else:
+                    name, paths, kind_name = payload
+                    artifact = wandb.Artifact(name, type=kind_name)
+                    for p in paths:
+                        if p.is_dir():
+                            artifact.add_dir(str(p), name=p.name)
+                        else:
+                            artifact.add_file(str(p))
+                    run.log_artifact(artifact)
+        finally:
+            self.run_dir = Path(run.dir).parent
+            run.finish()
+
+    def _warn(self, reason: str, *, offline_dir: Path | None) -> None:
+        self.wandb_error = reason
+        later = (
+            f"It was logged offline to {offline_dir}: upload it with `wandb sync {offline_dir}` once W&B is "
+            "reachable (after `wandb login`)."
+            if offline_dir is not None
+            else "Rerun with WANDB_MODE=offline to keep an offline run for `wandb sync`."
+        )
+        logger.warning(
+            "W&B logging failed (%s). Every result is on disk under %s. %s To skip W&B pass --no-wandb "
+            "(Python: use_wandb=False); to log offline from the start set WANDB_MODE=offline.",
+            reason,
+            self.out_dir,
+            later,
+        )
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.finish()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self._finished = True
+            if self.use_wandb and self._pending:
+                logger.info(
+                    "Nothing logged to W&B because the run stopped early; the files under %s are kept.", self.out_dir
+                )
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def read_offline_records(wandb_file: str | Path) -> list[Any]:

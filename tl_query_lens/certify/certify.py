@@ -31,6 +31,8 @@ from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, f
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -149,13 +151,13 @@ class CertifyConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}.")
+            raise InputError(f"delta must be in (0, 1), got {self.delta}.")
         if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}.")
+            raise InputError(f"alpha must be in (0, 1), got {self.alpha}.")
         if self.rule not in ("topk", "native"):
-            raise ValueError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
+            raise InputError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
         if self.k < 1 or self.batch_size < 1:
-            raise ValueError("k and batch_size must be positive.")
+            raise InputError("k and batch_size must be positive.")
 
 
 def check_inputs(
@@ -163,13 +165,14 @@ def check_inputs(
 ) -> None:
     """Refuse overlapping splits, hooks the model lacks, and N too small for any non-trivial bound."""
     for sae in saes:
-        as_key_value(sae, model)  # KeyError / ValueError naming the hook or width problem
+        as_key_value(sae, model)  # errors naming the hook, width or non-finite weights
     for name, toks in (("calibration", cal), ("evaluation", ev)):
-        if toks.ndim != 2 or toks.shape[0] == 0 or toks.shape[1] < 2:
-            raise ValueError(f"{name} tokens must be [n_seqs >= 1, seq_len >= 2], got shape {tuple(toks.shape)}.")
+        check_tokens(model, toks)
+        if toks.shape[1] < 2:
+            raise InputError(f"{name} tokens must be [n_seqs >= 1, seq_len >= 2], got shape {tuple(toks.shape)}.")
     overlap = check_disjoint(ev, cal)
     if overlap:
-        raise ValueError(
+        raise InputError(
             f"{overlap} of {ev.shape[0]} evaluation sequences also occur in the calibration split; the bound needs "
             "held-out data. Use load_corpus(..., split='calibration') and load_corpus(..., split='evaluation')."
         )
@@ -177,7 +180,7 @@ def check_inputs(
     coefficient = hoeffding_coefficient(loss_range_bits(model.cfg.d_vocab, cfg.alpha), cfg.delta)
     n_min = min_sequences(baseline, coefficient)
     if ev.shape[0] < n_min:
-        raise ValueError(
+        raise InputError(
             f"N={ev.shape[0]} evaluation sequences cannot give a non-trivial bound: even at zero loss the Hoeffding "
             f"terms {coefficient:.2f}/sqrt(N) = {coefficient / math.sqrt(ev.shape[0]):.2f} bits exceed "
             f"log2|V| = {baseline:.2f}. The minimum is N = {n_min} (delta={cfg.delta}, alpha={cfg.alpha}); "
@@ -215,7 +218,7 @@ def build_certificate(
     n_star_o, observed_o = crossing_n(
         schedule, [t.bound_occam for t in curve], constant=constant, coefficient=a_occam, baseline_bits=baseline
     )
-    return Certificate(
+    certificate = Certificate(
         R_hat=final.R_hat,
         eps_hat=final.eps_hat,
         eta_hat=final.eta_hat,
@@ -250,6 +253,14 @@ def build_certificate(
         top1_per_seq=losses.top1.float(),
         pool=pool.bool(),
         config=dict(config or {}),
+    )
+    # N* is inf when the bound never crosses log2|V|; NaN anywhere means the losses were not finite.
+    return check_outputs(
+        certificate,
+        "certify",
+        nan_only=("N_star", "N_star_occam"),
+        hint="The clean or spliced model produced non-finite logits: check the model's weights "
+        "and dtype (the dictionary's weights were checked on entry).",
     )
 
 

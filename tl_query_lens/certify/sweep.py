@@ -15,6 +15,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.certify.certify import Certificate, CertifyConfig, certify_many
 from tl_query_lens.certify.losses import PassTimes, Splice
 from tl_query_lens.config import resolve_config
+from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,10 @@ def certify_layers(
     if shuffle is not False:
         unknown = set() if shuffle is True else set(shuffle) - set(saes_by_layer)
         if unknown:
-            raise KeyError(f"shuffle names labels {sorted(map(str, unknown))} that are not in saes_by_layer.")
+            raise UnknownNameError(
+                f"shuffle names labels {sorted(map(str, unknown))} that are not among the proxies "
+                f"{sorted(map(str, saes_by_layer))} (CLI: --shuffle 'ffkv L24,sae L24 <folder>')."
+            )
         for label, sae in saes_by_layer.items():
             if shuffle is not True and label not in shuffle:
                 continue

@@ -7,8 +7,13 @@ import importlib
 import logging
 import sys
 
+from tl_query_lens.cli.validate import parse_layers, parse_ranges, validate_args
+from tl_query_lens.errors import InputError
+
+__all__ = ["add_common_args", "build_parser", "main", "parse_layers", "parse_ranges"]
+
 # Each module defines ``add_parser(subparsers)`` that registers its subcommand and sets ``func(args) -> int``.
-SUBCOMMANDS = ("ffkv", "query_lens", "ql-evaluate", "ql-channels", "readout", "certify", "demo")
+SUBCOMMANDS = ("ffkv", "query_lens", "ql-evaluate", "ql-channels", "readout", "certify", "saes", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Query Lens, FF-KV dictionaries, readout SAEs and SAE certification for TransformerLens/SAELens.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (accepted anywhere on the command line)"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"tl_query_lens.cli.{name.replace('-', '_')}").add_parser(subparsers)
@@ -34,36 +42,30 @@ def add_common_args(parser: argparse.ArgumentParser, *, out: str) -> None:
     parser.add_argument("--wandb-project", default="tl_query_lens")
 
 
-def parse_ranges(text: str, upper: int, what: str) -> list[int]:
-    """'3,5,7' or '0-9,15' → sorted ids, each checked to lie in 0..upper-1 (else a SystemExit naming the range)."""
-    ids: set[int] = set()
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            ids.update(range(int(lo), int(hi) + 1))
-        elif part.strip():
-            ids.add(int(part))
-    bad = sorted(i for i in ids if not 0 <= i < upper)
-    if bad:
-        raise SystemExit(f"tlql: {what} {bad[:10]} are out of range; valid: 0..{upper - 1}.")
-    return sorted(ids)
-
-
-def parse_layers(text: str, n_layers: int) -> list[int]:
-    """'3,5,7' or '0-29' or 'all' → sorted layer list, checked against the model."""
-    return list(range(n_layers)) if text == "all" else parse_ranges(text, n_layers, "layers")
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Run ``tlql``. User errors (bad arguments, paths, files, inputs) print one or two lines naming the fix and
+    return 2, before any model is loaded where the check allows; ``--debug`` (anywhere) re-raises with the traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if args.verbose or debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    return int(args.func(args) or 0)
+    try:
+        validate_args(args)
+        return int(args.func(args) or 0)
+    except InputError as err:
+        if debug:
+            raise
+        command = " ".join(c for c in (args.command, getattr(args, "readout_command", None)) if c)
+        print(f"tlql {command}: error: {err}", file=sys.stderr)
+        print("(add --debug to see the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

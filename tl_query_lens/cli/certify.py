@@ -25,7 +25,21 @@ def add_parser(subparsers) -> None:
         "with save_model / the SAELens runner; all share one clean pass",
     )
     parser.add_argument("--n-cal", type=int, default=1000, help="calibration sequences (builds the pool G*)")
-    parser.add_argument("--n-eval", type=int, default=1000, help="evaluation sequences N (disjoint split)")
+    parser.add_argument(
+        "--n-eval",
+        type=int,
+        default=None,
+        help="evaluation sequences N (disjoint split); default 1000 (fixed-pool) or one window from "
+        "every evaluation document (paper)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=("fixed-pool", "paper"),
+        default="fixed-pool",
+        help="'fixed-pool' (this project's: windows of the concatenated split, headline U) or "
+        "'paper' (one window per document, headline = Occam bound, direct bound, |gap|)",
+    )
+    parser.add_argument("--bins", type=int, default=40, help="bins of the |gap| densities (--protocol paper)")
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--k", type=int, default=64, help="TopK size at evaluation")
     parser.add_argument("--rule", choices=("topk", "native"), default="topk")
@@ -48,9 +62,8 @@ def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
     ``"sae L{l} {folder}"`` per saved SAE."""
     from pathlib import Path
 
-    from sae_lens import SAE
-
     from tl_query_lens import FFKV
+    from tl_query_lens.dictionaries.saved import load_sae
     from tl_query_lens.hooks import hook_layer
 
     saes: dict[str, object] = {}
@@ -59,9 +72,7 @@ def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
             for layer in parse_layers(args.layers, model.cfg.n_layers):
                 saes[f"ffkv L{layer}"] = FFKV.from_model(model, layer, "vanilla")
         else:
-            if not Path(item).is_dir():
-                raise SystemExit(f"tlql certify: {item!r} is neither 'ffkv' nor a folder holding a saved SAE.")
-            sae = SAE.load_from_disk(item, device=str(model.cfg.device))
+            sae = load_sae(item, device=str(model.cfg.device))  # checked; errors name the folder
             saes[f"sae L{hook_layer(sae.cfg.metadata.hook_name)} {Path(item).name}"] = sae
     return saes
 
@@ -83,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     saes = load_dictionaries(args, model)
+    if args.protocol == "paper":
+        return run_paper(args, model, saes)
+    args.n_eval = args.n_eval or 1000
     cal = load_corpus(args.corpus, model, n_seqs=args.n_cal, seq_len=args.seq_len, split="calibration", seed=args.seed)
     ev = load_corpus(args.corpus, model, n_seqs=args.n_eval, seq_len=args.seq_len, split="evaluation", seed=args.seed)
     out = Path(args.out)
@@ -114,5 +128,77 @@ def run(args: argparse.Namespace) -> int:
         print(
             "  "
             + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in zip(LayerSweep.COLUMNS, row))
+        )
+    return 0
+
+
+PAPER_COLUMNS = (
+    "N",
+    "P",
+    "m",
+    "R_hat",
+    "eps_hat",
+    "eta_hat",
+    "log_choose",
+    "bound_occam",
+    "bound",
+    "bound_direct",
+    "R_hat_clean",
+    "baseline_bits",
+    "nontrivial_occam",
+    "N_star_closed_form_occam",
+    "N_star_schedule_occam",
+    "N_star_closed_form",
+    "N_star_schedule",
+    "gap_mean",
+    "abs_gap_mean",
+    "kl_bits",
+    "top1_agreement",
+)
+
+
+def run_paper(args: argparse.Namespace, model, saes) -> int:
+    """``--protocol paper``: :func:`~tl_query_lens.certify.protocol.certify_protocol`, saved, then logged."""
+    from pathlib import Path
+
+    from tl_query_lens.certify.protocol import ProtocolCertifyConfig, certify_protocol
+    from tl_query_lens.tracking import Tracker
+
+    cfg = ProtocolCertifyConfig(
+        protocol="paper",
+        n_cal=args.n_cal,
+        n_eval=args.n_eval,
+        seq_len=args.seq_len,
+        k=args.k,
+        delta=args.delta,
+        alpha=args.alpha,
+        rule=args.rule,
+        batch_size=args.batch_size,
+        shuffle=args.shuffle is not None,
+        seed=args.seed,
+        bins=args.bins,
+    )
+    result = certify_protocol(model, saes, args.corpus, cfg=cfg)
+    out = Path(args.out)
+    result.save(out / "protocol_paper")
+    columns = ["label", *PAPER_COLUMNS]
+    shuffled = [
+        c for c in ("shuffled_bound_occam", "shuffled_abs_gap_mean", "shuffled_gap_mean") if c in result.rows[0]
+    ]
+    rows = [
+        [label, *(row[c] for c in PAPER_COLUMNS), *(row[c] for c in shuffled)]
+        for label, row in zip(result.labels, result.rows)
+    ]
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    with Tracker(out, project=args.wandb_project, name="certify-paper", config=config, use_wandb=args.wandb) as tr:
+        table = tr.log_table("certificates_paper_protocol", columns + shuffled, rows)
+    print(
+        f"paper protocol ({result.n_documents} evaluation documents, {result.n_eligible} long enough; "
+        f"headline = {result.headline}): {table}"
+    )
+    for row in rows:
+        print(
+            "  "
+            + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in zip(columns + shuffled, row))
         )
     return 0

@@ -36,6 +36,19 @@ def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-prompts", type=int, default=4, help="neutral prompts used (of a fixed list)")
     parser.add_argument("--temperature", type=float, default=0.75)
     parser.add_argument("--n-steps", type=int, default=8, help="α bisection steps")
+    parser.add_argument(
+        "--protocol",
+        choices=("per-target", "paper"),
+        default="per-target",
+        help="'per-target' (this project's) or 'paper' (the authors' code: one S over both KL targets, "
+        "generated positions, integer α in [1, 1000], TC at 10, ▁/Ġ/Ċ-only normalisation)",
+    )
+    parser.add_argument(
+        "--up-key",
+        action="store_true",
+        help="also score the authors' SwiGLU key (up-projection column at hook_resid_mid, no ln2 "
+        "Jacobian) as LL_KEY_UP / QL_KEY_UP beside the gate-through-norm LL_KEY / QL_KEY",
+    )
     parser.add_argument("--cache-dir", default=None, help="operator cache (default: <out>/operators)")
 
 
@@ -56,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         n_prompts=args.n_prompts,
         temperature=args.temperature,
         n_steps=args.n_steps,
+        protocol=args.protocol,
+        up_key=args.up_key,
     )
 
 
@@ -70,7 +85,7 @@ def run_table1(
     from pathlib import Path
 
     from tl_query_lens import FFKV, load_corpus, load_model
-    from tl_query_lens.cli.query_lens import parse_features
+    from tl_query_lens.cli.validate import parse_features
     from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
     from tl_query_lens.query_lens.table1 import PAPER_GPT2, Table1Config, evaluate_table1
     from tl_query_lens.tracking import Tracker
@@ -83,12 +98,12 @@ def run_table1(
     saes = {layer: FFKV.from_model(model, layer) for layer in layer_ids}
     d_sae = next(iter(saes.values())).cfg.d_sae
     ids = None
-    if features:
+    if features:  # validated before any operator is computed
         ids = parse_features(features, d_sae)
         ids = tuple(range(d_sae)) if ids is None else tuple(ids)
     options = {
         key: protocol[key]
-        for key in ("n_contexts", "kl_targets", "n_generate", "temperature", "n_steps")
+        for key in ("n_contexts", "kl_targets", "n_generate", "temperature", "n_steps", "protocol")
         if key in protocol
     }
     cfg = Table1Config(
@@ -98,6 +113,7 @@ def run_table1(
         seed=args.seed,
         prompts=NEUTRAL_PROMPTS[: protocol["n_prompts"]],
         cache_dir=str(args.cache_dir or out / "operators"),
+        up_key=protocol.get("up_key", False),
         **options,
     )
     op_tokens = load_corpus(args.corpus, model, n_seqs=op_seqs, seq_len=op_seq_len, split="train", seed=args.seed)

@@ -7,7 +7,8 @@ import logging
 
 from tqdm import tqdm
 
-from tl_query_lens.cli import add_common_args, parse_layers, parse_ranges
+from tl_query_lens.cli import add_common_args, parse_layers
+from tl_query_lens.cli.validate import parse_features
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +45,6 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_features(text: str, d_sae: int) -> list[int] | None:
-    """'0-9,15' → ids (checked against the dictionary), 'all' → None (every feature)."""
-    return None if text == "all" else parse_ranges(text, d_sae, "features")
-
-
 def run(args: argparse.Namespace) -> int:
     if args.evaluate:
         from tl_query_lens.cli.ql_evaluate import run_table1
@@ -64,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
+    features = parse_features(args.features, model.cfg.d_mlp)  # FF-KV width; checked before any operator
     tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="train", seed=args.seed)
     lens = QueryLens(model, tokens, skip_positions=args.skip_positions, chunk=args.chunk, cache_dir=args.cache_dir)
     sides = ["value", "key"] if args.side == "both" else [args.side]
@@ -78,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     config = {k: v for k, v in vars(args).items() if k != "func"}
     with Tracker(out, project=args.wandb_project, name="query_lens", config=config, use_wandb=args.wandb) as tracker:
         for layer, sae in tqdm(saes.items(), desc="layers"):
-            features = parse_features(args.features, sae.cfg.d_sae)
             for side in sides:
                 if side == "value":
                     sig = lens.value_signatures(sae, features, k=args.k, method=args.method)

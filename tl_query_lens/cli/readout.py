@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from tl_query_lens.cli import add_common_args
+from tl_query_lens.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -53,23 +54,32 @@ def add_parser(subparsers) -> None:
     ev.add_argument("--n-seqs", type=int, default=32)
     ev.add_argument("--seq-len", type=int, default=17)
     ev.add_argument("--baselines", default=None, help="comma list (default: all, cheapest first); '' for none")
+    ev.add_argument(
+        "--protocol",
+        choices=("mixed-layers", "paper"),
+        default="mixed-layers",
+        help="'mixed-layers' (this project's: logit-lens states of 4 layers, 3 contrast families, "
+        "baselines) or 'paper' (the authors': final-layer states, top-1 vs top-2 / vocabulary mean, "
+        "ρ₀, through-origin ablation R² over top-10 of covered contrasts)",
+    )
     ev.set_defaults(func=run_eval)
 
 
 def _load_sae(args):
     from sae_lens import SAE
 
+    from tl_query_lens.dictionaries.saved import load_sae
     from tl_query_lens.readout.registry import release_name
 
     if args.sae_path:
-        return SAE.load_from_disk(args.sae_path)
+        return load_sae(args.sae_path)
     return SAE.from_pretrained(release_name(args.model), args.sae_id)
 
 
 def _token_id(model, text: str) -> int:
     ids = model.to_tokens(text, prepend_bos=False)[0].tolist()
     if len(ids) != 1:
-        raise SystemExit(f"tlql: {text!r} is {len(ids)} tokens ({ids}); give a single token (mind the leading space).")
+        raise InputError(f"{text!r} is {len(ids)} tokens ({ids}); give a single token (mind the leading space).")
     return ids[0]
 
 
@@ -104,6 +114,7 @@ def run_decompose(args: argparse.Namespace) -> int:
     import torch
 
     from tl_query_lens import load_model
+    from tl_query_lens.hooks import check_hook
     from tl_query_lens.readout import (
         decompose,
         group_mean,
@@ -116,7 +127,13 @@ def run_decompose(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     sae = _load_sae(args)
-    hook = args.hook or f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    hook = check_hook(model, args.hook or f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    n_tokens = model.to_tokens(args.prompt).shape[1]
+    if not -n_tokens <= args.position < n_tokens:
+        raise InputError(
+            f"--position {args.position} is outside the prompt's {n_tokens} tokens; "
+            f"use 0..{n_tokens - 1} or -1 for the last."
+        )
     with torch.no_grad():
         _, cache = model.run_with_cache(args.prompt, names_filter=[hook])
         h = logit_lens(model)(cache[hook][0, args.position]).float()
@@ -162,13 +179,15 @@ def run_eval(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     sae = _load_sae(args)
+    tokens = load_corpus(
+        args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=args.seed
+    )
+    if args.protocol == "paper":
+        return _run_eval_paper(args, model, sae, tokens)
     cfg = (
         ReadoutEvalConfig()
         if args.baselines is None
         else ReadoutEvalConfig(baselines=tuple(b for b in args.baselines.split(",") if b))
-    )
-    tokens = load_corpus(
-        args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=args.seed
     )
     report = evaluate_readout(model, sae, collect_states(model, tokens), cfg=cfg)
     report.save(args.out)
@@ -188,4 +207,23 @@ def run_eval(args: argparse.Namespace) -> int:
         print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r))
     if report.ablation is not None:
         print("ablation: " + json.dumps(asdict(report.ablation)))
+    return 0
+
+
+def _run_eval_paper(args: argparse.Namespace, model, sae, tokens) -> int:
+    """``readout eval --protocol paper``: final-layer LM-head inputs, the authors' pool and ablation fit."""
+    from tl_query_lens.readout import collect_states
+    from tl_query_lens.readout.diagnostics_paper import readout_diagnostics_paper
+    from tl_query_lens.tracking import Tracker
+
+    states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    result = readout_diagnostics_paper(sae, model, states, seed=args.seed)
+    result.save(Path(args.out) / "protocol_paper")
+    scalars = {k: v for k, v in vars(result).items() if isinstance(v, (int, float))}
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    with Tracker(
+        args.out, project=args.wandb_project, name="readout-eval-paper", config=config, use_wandb=args.wandb
+    ) as tracker:
+        tracker.log_scalars("readout_paper_protocol", scalars)
+    print(json.dumps({**scalars, "coverage_ci": result.coverage_ci, "by_family": result.coverage_by_family}))
     return 0

@@ -5,6 +5,9 @@ the gated MLP's b_in after the product, zero for Llama-style models);
 value i = row i of W_out, b_dec = b_out. x is read at ``blocks.l.ln2.hook_normalized``, which TransformerLens takes
 *before* the norm's own weight and bias, so those are folded into the keys: x·diag(w)·W + b_ln·W.
 It is a transcoder: it reads the MLP input and writes ``blocks.l.hook_mlp_out``.
+Blocks with a norm after the MLP (Gemma-2's ``ln2_post``, ``use_normalization_before_and_after``) write
+``RMS(a W_out + b_out)·w_post`` to ``hook_mlp_out``; the dictionary applies the same norm in ``decode``, so the vanilla
+splice stays exact, but its values then pass through a per-token norm and are no fixed residual directions.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class FFKVSAEConfig(SAEConfig):
     k: int | None = None
     topk_by: Literal["magnitude", "value"] = "magnitude"
     apply_b_dec_to_input: bool = False
+    post_norm_eps: float | None = None
 
     @classmethod
     def architecture(cls) -> str:
@@ -105,6 +109,8 @@ class FFKVSAE(SAE[FFKVSAEConfig]):
             self.W_enc_lin = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, **kw))
             self.b_enc_lin = nn.Parameter(torch.zeros(cfg.d_sae, **kw))
             self.b_post = nn.Parameter(torch.zeros(cfg.d_sae, **kw))
+        if cfg.post_norm_eps is not None:
+            self.post_norm_w = nn.Parameter(torch.ones(cfg.d_out, **kw))
 
     def get_activation_fn(self):
         return ACTIVATIONS[self.cfg.act_fn]
@@ -126,7 +132,10 @@ class FFKVSAE(SAE[FFKVSAEConfig]):
         return self.hook_sae_acts_post(acts)
 
     def decode(self, feature_acts: torch.Tensor) -> torch.Tensor:
-        return self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
+        out = feature_acts @ self.W_dec + self.b_dec
+        if self.cfg.post_norm_eps is not None:  # the block's RMS norm after the MLP (Gemma-2 ln2_post)
+            out = out * (out.pow(2).mean(-1, keepdim=True) + self.cfg.post_norm_eps).rsqrt() * self.post_norm_w
+        return self.hook_sae_recons(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP output reconstructed from its input. Like SAELens' ``Transcoder``, a standalone forward neither
@@ -210,6 +219,11 @@ class FFKV:
         w_ln = torch.ones(d_model, device=mlp.W_in.device) if w_ln is None else w_ln.detach()
         b_ln = torch.zeros(d_model, device=mlp.W_in.device) if b_ln is None else b_ln.detach()
         gated = bool(cfg.gated_mlp)
+        post_norm = getattr(block, "ln2_post", None) if cfg.use_normalization_before_and_after else None
+        if post_norm is not None and not hasattr(post_norm, "w"):
+            raise NotImplementedError(
+                f"FF-KV supports RMS post-MLP norms with a weight, not {type(post_norm).__name__}."
+            )
         W_in = mlp.W_in.detach().float()
         b_in = mlp.b_in.detach().float()
         W_key = mlp.W_gate.detach().float() if gated else W_in
@@ -230,6 +244,7 @@ class FFKV:
             variant=variant,
             k=k,
             topk_by=topk_by,
+            post_norm_eps=None if post_norm is None else float(post_norm.eps),
             dtype="float32",
             device=str(W_out.device),
             metadata=SAEMetadata(
@@ -248,6 +263,8 @@ class FFKV:
         sae.W_dec.copy_(W_out)
         sae.b_dec.copy_(mlp.b_out.detach().float())
         sae.act_scale.copy_(act_scale)
+        if post_norm is not None:
+            sae.post_norm_w.copy_(post_norm.w.detach().float())
         if gated:
             sae.W_enc_lin.copy_(w_ln.float()[:, None] * W_in)
             sae.b_enc_lin.copy_(b_ln.float() @ W_in)

@@ -1,10 +1,19 @@
 """One key–value view of any sparse dictionary (DESIGN §3): keys read, values write.
 
 A feature i fires on ``a_i = act(⟨k_i, x⟩ + b_enc_i)`` at the read hook and adds ``a_i · v_i`` at the write hook.
+
+Attention-output SAEs (``blocks.l.attn.hook_z``, all heads concatenated or one head with ``hook_head_index``) write in
+head space. Given the model, the view maps them into the residual stream: values ``v_i = Σ_h W_dec[i, h] W_O[h]`` written
+at ``blocks.l.hook_attn_out`` (b_dec likewise, plus ``b_O``), keys kept at ``hook_z`` (the engine's key operator to
+``hook_z`` runs through the attention that produces it), one head's keys zero-padded to the full ``n_heads·d_head``.
+SAELens' run-time input normalisation is folded where it is linear in the direction: ``expected_average_only_in`` is
+folded into the weights by SAELens itself; ``layer_norm`` centres the input, so keys are centred; ``constant_norm_rescale``
+and ``layer_norm`` also scale each token by a positive factor (the key direction is unchanged, ``activation`` says so).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +23,11 @@ from jaxtyping import Float, Int
 from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError, check_dictionary_finite
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer, residual_hook_of
+
+_LINEAR_NORMS = {"none", "expected_average_only_in"}  # no per-token factor at run time
+_SCALING_NORMS = {"constant_norm_rescale", "layer_norm"}  # a positive per-token factor on ⟨k, x⟩ and on the output
 
 
 @dataclass
@@ -30,6 +43,8 @@ class KeyValueView:
         read_hook: hook whose activation the keys read.
         write_hook: hook the reconstruction replaces.
         dictionary: the wrapped object (its ``encode`` gives activations).
+        fixed_values: False when the decoder passes ``Σ a_i v_i`` through a per-token norm before the write hook
+            (FF-KV of a block with a post-MLP norm, Gemma-2): the values are then no fixed residual directions.
     """
 
     keys: Float[torch.Tensor, "d_sae d_in"]
@@ -40,6 +55,8 @@ class KeyValueView:
     read_hook: str
     write_hook: str
     dictionary: Any = None
+    fixed_values: bool = True
+    head_index: int | None = None
 
     @property
     def d_sae(self) -> int:
@@ -64,9 +81,13 @@ class KeyValueView:
         return residual_hook_of(self.write_hook)
 
     def encode(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
-        """Feature activations, by the wrapped dictionary's own rule."""
+        """Feature activations, by the wrapped dictionary's own rule (``x`` as the read hook carries it)."""
         if self.dictionary is None or not hasattr(self.dictionary, "encode"):
             raise TypeError("This view wraps no dictionary with an encode method.")
+        if x.ndim == 4 and self.head_index is not None:  # hook_z [batch, pos, head, d_head]: the SAE reads one head
+            x = x[..., self.head_index, :]
+        elif x.ndim == 4 and getattr(self.dictionary.cfg, "reshape_activations", "none") != "hook_z":
+            x = x.flatten(-2)
         return self.dictionary.encode(x)
 
     def feature_ids(self, features: int | Sequence[int] | torch.Tensor | None) -> Int[torch.Tensor, " n"]:
@@ -76,7 +97,7 @@ class KeyValueView:
         ids = torch.as_tensor(features, dtype=torch.long).reshape(-1)
         bad = ids[(ids < 0) | (ids >= self.d_sae)]
         if bad.numel():
-            raise IndexError(
+            raise OutOfRangeError(
                 f"Feature ids {bad.tolist()[:10]} are out of range for a dictionary of {self.d_sae} features "
                 f"(valid: 0..{self.d_sae - 1})."
             )
@@ -93,18 +114,25 @@ def _sae_activation(sae: SAE) -> str:
 def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> KeyValueView:
     """The key–value view of an SAELens SAE (standard, topk, jumprelu, gated, …), transcoder, FF-KV or readout SAE.
 
-    With ``model``, the hooks are checked to exist and the widths to match (clear errors otherwise; SAELens'
-    ``add_sae`` silently skips an unknown hook).
+    Every tensor of the view is checked to be finite (the error names the dictionary and the tensor). With
+    ``model``, the hooks are checked to exist and the widths to match (clear errors otherwise; SAELens' ``add_sae``
+    silently skips an unknown hook).
     """
     if isinstance(dictionary, KeyValueView):
         view = dictionary
     elif isinstance(dictionary, SAE):
         view = _view_of_sae(dictionary)
+        if view.read_hook.endswith("attn.hook_z") and model is not None:
+            view = _through_W_O(view, model)
     else:
-        raise TypeError(
+        raise InputTypeError(
             f"as_key_value accepts SAELens SAEs (incl. transcoders, FF-KV, readout SAEs) or a KeyValueView, "
             f"not {type(dictionary).__name__}."
         )
+    check_dictionary_finite(
+        view.dictionary if view.dictionary is not None else view,
+        {"keys (W_enc)": view.keys, "values (W_dec)": view.values, "b_enc": view.b_enc, "b_dec": view.b_dec},
+    )
     if model is not None:
         validate_view(view, model)
     return view
@@ -113,7 +141,7 @@ def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> Key
 def _view_of_sae(sae: SAE) -> KeyValueView:
     read_hook = sae.cfg.metadata.hook_name
     if not read_hook:
-        raise ValueError("This SAE's cfg.metadata.hook_name is empty; set it to the hook the SAE reads.")
+        raise InputError("This SAE's cfg.metadata.hook_name is empty; set it to the hook the SAE reads.")
     write_hook = sae.cfg.metadata.hook_name_out or read_hook
     W_enc = sae.W_enc.detach()
     # Gated SAEs gate with b_gate; every other architecture has b_enc.
@@ -121,17 +149,70 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
     if b_enc is None:
         b_enc = getattr(sae, "b_gate", None)
     b_enc = torch.zeros(W_enc.shape[1]) if b_enc is None else b_enc.detach()
+    norm = getattr(sae.cfg, "normalize_activations", "none")
+    if norm not in _LINEAR_NORMS | _SCALING_NORMS:
+        raise NotImplementedError(
+            f"normalize_activations={norm!r} is not linear in the input; the key-value view "
+            f"supports {sorted(_LINEAR_NORMS | _SCALING_NORMS)}."
+        )
     if getattr(sae.cfg, "apply_b_dec_to_input", False):
         b_enc = b_enc - sae.b_dec.detach() @ W_enc  # k·(x − b_dec) + b = k·x + (b − k·b_dec)
+    keys = W_enc.T
+    if norm == "layer_norm":  # k·(x − mean(x)) = (k − mean(k))·x
+        keys = keys - keys.mean(-1, keepdim=True)
+    activation = _sae_activation(sae) + (f"+{norm}" if norm in _SCALING_NORMS else "")
+    head_index = getattr(sae.cfg.metadata, "hook_head_index", None)
     return KeyValueView(
-        keys=W_enc.T,
+        keys=keys,
         values=sae.W_dec.detach(),
         b_enc=b_enc,
         b_dec=sae.b_dec.detach(),
-        activation=_sae_activation(sae),
+        activation=activation,
         read_hook=read_hook,
         write_hook=write_hook,
         dictionary=sae,
+        fixed_values=getattr(sae.cfg, "post_norm_eps", None) is None,
+        head_index=None if head_index is None else int(head_index),
+    )
+
+
+def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
+    """A ``hook_z`` view in the residual stream: values and b_dec through ``W_O`` (+ ``b_O``), written at
+    ``hook_attn_out``; one head's keys zero-padded to the concatenated ``hook_z`` width."""
+    layer = hook_layer(view.read_hook)
+    attn = model.blocks[layer].attn
+    W_O = attn.W_O.detach().float()  # [n_heads, d_head, d_model]
+    n_heads, d_head, _ = W_O.shape
+    keys, values, b_dec = view.keys.float(), view.values.float(), view.b_dec.float()
+    if view.head_index is not None:
+        if not 0 <= view.head_index < n_heads or view.d_in != d_head:
+            raise ValueError(
+                f"hook_head_index={view.head_index} with d_in={view.d_in} does not fit layer {layer}'s "
+                f"{n_heads} heads of width {d_head}."
+            )
+        h = view.head_index
+        padded = torch.zeros(view.d_sae, n_heads, d_head, device=keys.device)
+        padded[:, h] = keys
+        keys = padded.flatten(1)
+        values = values @ W_O[h].to(values.device)
+        b_dec = b_dec @ W_O[h].to(values.device)
+    else:
+        if view.d_in != n_heads * d_head:
+            raise ValueError(
+                f"A hook_z SAE of layer {layer} reads n_heads·d_head = {n_heads * d_head} values, not "
+                f"{view.d_in}; for one head set cfg.metadata.hook_head_index."
+            )
+        values = torch.einsum("fhd,hdm->fm", values.reshape(-1, n_heads, d_head), W_O.to(values.device))
+        b_dec = torch.einsum("hd,hdm->m", b_dec.reshape(n_heads, d_head), W_O.to(values.device))
+    b_dec = b_dec + attn.b_O.detach().float().to(b_dec.device)
+    post_norm = bool(getattr(model.cfg, "use_normalization_before_and_after", False))
+    return dataclasses.replace(
+        view,
+        keys=keys,
+        values=values,
+        b_dec=b_dec,
+        write_hook=f"blocks.{layer}.hook_attn_out",
+        fixed_values=not post_norm,
     )
 
 
@@ -142,12 +223,12 @@ def validate_view(view: KeyValueView, model: HookedTransformer) -> None:
         check_hook(model, name)
     dims = hook_dims(model, hooks)
     if dims[view.read_hook] != view.d_in:
-        raise ValueError(
+        raise InputError(
             f"d_in mismatch: the dictionary reads {view.d_in}-dim vectors but {view.read_hook} carries "
             f"{dims[view.read_hook]} (check cfg.d_in and cfg.metadata.hook_name; hook_z SAEs need reshape_activations)."
         )
     if dims[view.write_hook] != view.d_out:
-        raise ValueError(
+        raise InputError(
             f"d_out mismatch: the dictionary writes {view.d_out}-dim vectors but {view.write_hook} carries "
             f"{dims[view.write_hook]} (check the decoder width and cfg.metadata.hook_name_out)."
         )

@@ -15,6 +15,8 @@ from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import check_outputs
+from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.primitives import kl_divergence
 from tl_query_lens.results import SavableResult
 
@@ -55,8 +57,7 @@ def splice_metrics(
 ) -> SpliceMetrics:
     """Measure a dictionary's fidelity on ``tokens`` (clean run vs. ``run_with_saes`` without the error term)."""
     view = as_key_value(sae, model)
-    if tokens.numel() == 0:
-        raise ValueError("Empty token batch: load a corpus with load_corpus(..., n_seqs>0).")
+    tokens = check_tokens(model, tokens)
     fired = torch.zeros(view.d_sae, dtype=torch.bool)
     l0_sum = sse = ce_clean = ce_spliced = kl_sum = 0.0
     y_sum = y_sq = 0.0
@@ -80,7 +81,7 @@ def splice_metrics(
         kl_sum += kl_divergence(logits.log_softmax(-1), spliced.log_softmax(-1)).sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     sst = y_sq - (y_sum.pow(2).sum() / n_tok).item()
-    return SpliceMetrics(
+    metrics = SpliceMetrics(
         alive_rate=fired.float().mean().item(),
         mean_l0=l0_sum / n_tok,
         explained_variance=1.0 - sse / max(sst, 1e-30),
@@ -89,6 +90,13 @@ def splice_metrics(
         ce_delta=(ce_spliced - ce_clean) / n_pred,
         kl=kl_sum / n_tok,
         n_tokens=n_tok,
+    )
+    return check_outputs(
+        metrics,
+        "splice_metrics",
+        hint="The clean or spliced forward pass produced non-finite "
+        "activations or logits: check the model's weights and dtype (the dictionary's weights "
+        "were checked on entry).",
     )
 
 

@@ -22,6 +22,7 @@ in isolation.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.corpus import corpus_fingerprint
+from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
-from tl_query_lens.operators.store import OperatorSet, cache_path, check_finite
+from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
 from tl_query_lens.primitives import stop_layer
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,21 @@ class _Sweep:
     perturb: dict[str, bool]
     read: list[str]
     names: dict[str, str]
+    basis: torch.Tensor | None = None  # rows: tangents (forward) / cotangents (reverse); None = the identity
+
+    def width(self, widths: dict[str, int]) -> int:
+        """Number of basis vectors (tangents / cotangents) the sweep pushes."""
+        if self.basis is not None:
+            return int(self.basis.shape[0])
+        hooks = self.read if self.direction == "reverse" else list(self.perturb)
+        (width,) = {widths[n] for n in hooks}
+        return width
+
+    def rows(self, idx: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
+        """Basis vectors ``idx`` (fp32, on ``device``): identity rows or the requested directions."""
+        if self.basis is None:
+            return torch.eye(width, device=device)[idx]
+        return self.basis.to(device, torch.float32)[idx]
 
 
 def final_hook(model: HookedTransformer) -> str:
@@ -67,30 +84,69 @@ def final_hook(model: HookedTransformer) -> str:
 def check_tokens(model: HookedTransformer, tokens: torch.Tensor, skip_positions: int = 0) -> torch.Tensor:
     """Validate a ``[batch, pos]`` integer token batch against the model's vocabulary and context."""
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int32):
-        raise TypeError("tokens must be an integer tensor [batch, pos] (e.g. from tl_query_lens.load_corpus).")
+        raise InputTypeError("tokens must be an integer tensor [batch, pos] (e.g. from tl_query_lens.load_corpus).")
     if tokens.numel() == 0:
-        raise ValueError("tokens is empty.")
+        raise InputError("tokens is empty: load a corpus with load_corpus(..., n_seqs >= 1).")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= model.cfg.d_vocab:
-        raise ValueError(
+        raise OutOfRangeError(
             f"Token ids span [{lo}, {hi}] but the model's vocabulary has {model.cfg.d_vocab} entries: these tokens "
             "come from another tokenizer. Tokenize with this model (load_corpus(..., model, ...) or model.to_tokens)."
         )
     if tokens.shape[1] > model.cfg.n_ctx:
-        raise ValueError(f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}.")
+        raise InputError(
+            f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}; "
+            "use a shorter seq_len."
+        )
     if not 0 <= skip_positions < tokens.shape[1]:
-        raise ValueError(f"skip_positions={skip_positions} must be in [0, seq_len={tokens.shape[1]}).")
+        raise InputError(f"skip_positions={skip_positions} must be in [0, seq_len={tokens.shape[1]}).")
     return tokens.long()
 
 
-def _plan(direction: Direction, sources: list[str], reads: list[str], *, name) -> list[_Sweep]:
-    """The sweeps that fill operator ``name(source, read)`` for every (source, read) pair: reverse mode runs one
-    backward sweep per read hook (all sources at once), forward mode one JVP sweep per source (all reads at once)."""
-    if direction == "reverse":
-        return [_Sweep("reverse", dict.fromkeys(sources, False), [r], {s: name(s, r) for s in sources}) for r in reads]
-    if direction == "forward":
-        return [_Sweep("forward", {s: False}, list(reads), {r: name(s, r) for r in reads}) for s in sources]
-    raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+def basis_fingerprint(basis: torch.Tensor) -> str:
+    """Content hash of a feature basis (the operator set computed on it is cached under it)."""
+    if basis.device.type == "meta":  # shapes only: nothing to hash (and nothing worth caching)
+        return f"meta{tuple(basis.shape)}"
+    data = basis.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.sha256(data + str(tuple(basis.shape)).encode()).hexdigest()[:16]
+
+
+def chunk_for_memory(
+    model: HookedTransformer,
+    sweeps: Sequence[_Sweep],
+    widths: dict[str, int],
+    batch_size: int,
+    seq_len: int,
+    max_memory_gb: float,
+) -> int:
+    """The largest tangent/cotangent chunk whose estimated working memory fits ``max_memory_gb``.
+
+    Estimate (bytes): the saved forward graph of a reverse sweep, ``L · B · P · w_layer · s``, plus per basis vector
+    ``2 · B · P · (w_layer + Σ_read d_read) · 4`` (fp32-sized tangents of one layer's activations, the read hooks'
+    tangents or the cotangent); ``w_layer = 6·d_model + 3·d_mlp + 3·n_heads·P``, ``s`` the model's element size.
+    It is an estimate, not a guarantee: keep headroom for the weights and the allocator.
+    """
+    if max_memory_gb <= 0:
+        raise ValueError(f"max_memory_gb must be > 0, got {max_memory_gb}.")
+    cfg = model.cfg
+    tokens = batch_size * seq_len
+    w_layer = 6 * cfg.d_model + 3 * (cfg.d_mlp or 0) + 3 * cfg.n_heads * seq_len
+    element = torch.empty((), dtype=cfg.dtype).element_size()
+    budget = max_memory_gb * 2**30
+    chunk = None
+    for sweep in sweeps:
+        graph = cfg.n_layers * tokens * w_layer * element if sweep.direction == "reverse" else 0
+        per_vector = 2 * tokens * (w_layer + sum(widths[n] for n in sweep.read)) * 4
+        fits = int((budget - graph) // per_vector)
+        chunk = fits if chunk is None else min(chunk, fits)
+    if chunk is None or chunk < 1:
+        raise ValueError(
+            f"max_memory_gb={max_memory_gb} is too small for batch_size={batch_size} sequences of "
+            f"{seq_len} tokens: lower batch_size or raise max_memory_gb."
+        )
+    chunk = min(chunk, max(s.width(widths) for s in sweeps))
+    logger.info("max_memory_gb=%s: %d tangents/cotangents per pass", max_memory_gb, chunk)
+    return chunk
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -107,32 +163,39 @@ def _run_sweep(
     chunk: int,
     bar,
 ) -> None:
-    """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``)."""
-    dtype, device = model.cfg.dtype, tokens.device
+    """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``, on the model's device).
+
+    Activations stay in the model's dtype; the perturbation ``δ`` is an fp32 leaf broadcast to every position in fp32
+    and only then cast, so the position sums of gradients / tangents (and the operator sums) are fp32 (bf16/fp16 models).
+    """
+    device = tokens.device
     stop = stop_layer([*sweep.perturb, *sweep.read])
     deltas: dict[str, torch.Tensor] = {}
     captured: dict[str, torch.Tensor] = {}
 
     def inject(x: torch.Tensor, hook) -> torch.Tensor:
         base = x.detach() if sweep.perturb[hook.name] else x
-        return base + deltas[hook.name]
+        delta = deltas[hook.name]  # fp32 [width]; broadcast in fp32, so its gradient sums positions in fp32
+        delta = delta.reshape(x.shape[2:]) if x.ndim == 4 else delta
+        return base + delta.expand(x.shape).to(x.dtype)
 
     def grab(x: torch.Tensor, hook) -> None:
         captured[hook.name] = _flat(x)
 
     hooks = [(name, inject) for name in sweep.perturb] + [(name, grab) for name in sweep.read]
+    n_basis = sweep.width(widths)
     if sweep.direction == "reverse":
-        (d_basis,) = {widths[n] for n in sweep.read}
+        (d_out,) = {widths[n] for n in sweep.read}
         with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
             for name in sweep.perturb:
-                deltas[name] = torch.zeros(widths[name], dtype=dtype, device=device, requires_grad=True)
+                deltas[name] = torch.zeros(widths[name], device=device, requires_grad=True)
             model(tokens, stop_at_layer=stop)
             outputs = [captured[name] for name in sweep.read]
             sources = list(sweep.perturb)
-            for start in range(0, d_basis, chunk):
-                idx = torch.arange(start, min(start + chunk, d_basis), device=device)
-                cot = torch.zeros(len(idx), *valid.shape, d_basis, dtype=dtype, device=device)
-                cot[torch.arange(len(idx)), :, :, idx] = valid.to(dtype)
+            for start in range(0, n_basis, chunk):
+                idx = torch.arange(start, min(start + chunk, n_basis), device=device)
+                rows = sweep.rows(idx, d_out, device)  # cotangent directions at the read hook(s)
+                cot = (valid[None, :, :, None] * rows[:, None, None, :]).to(outputs[0].dtype)
                 grads = torch.autograd.grad(
                     outputs,
                     [deltas[n] for n in sources],
@@ -144,28 +207,27 @@ def _run_sweep(
                 for name, grad in zip(sources, grads):
                     if grad is None:
                         raise ValueError(f"Hook {name!r} does not influence {sweep.read}: it is downstream of them.")
-                    sums[sweep.names[name]][idx] += grad.float()  # rows j = e_jᵀ J
+                    sums[sweep.names[name]][idx] += grad.float()  # rows j = b_jᵀ J
                 bar.update(1)
             captured.clear()
         return
 
-    (d_basis,) = {widths[n] for n in sweep.perturb}
-    mask = valid.to(dtype)[..., None]
+    (d_in,) = {widths[n] for n in sweep.perturb}
+    mask = valid.float()[..., None]
 
     def forward(delta: torch.Tensor) -> tuple[torch.Tensor, ...]:
         for name in sweep.perturb:
             deltas[name] = delta
         model(tokens, stop_at_layer=stop)
-        return tuple((captured[name] * mask).sum((0, 1)) for name in sweep.read)
+        return tuple((captured[name].float() * mask).sum((0, 1)) for name in sweep.read)
 
-    zero = torch.zeros(d_basis, dtype=dtype, device=device)
+    zero = torch.zeros(d_in, device=device)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        for start in range(0, d_basis, chunk):
-            idx = torch.arange(start, min(start + chunk, d_basis), device=device)
-            basis = torch.eye(d_basis, dtype=dtype, device=device)[idx]
-            columns = vmap(lambda t: jvp(forward, (zero,), (t,))[1])(basis)
+        for start in range(0, n_basis, chunk):
+            idx = torch.arange(start, min(start + chunk, n_basis), device=device)
+            columns = vmap(lambda t: jvp(forward, (zero,), (t,))[1])(sweep.rows(idx, d_in, device))
             for name, col in zip(sweep.read, columns):
-                sums[sweep.names[name]][:, idx] += col.T.float()  # columns i = J e_i
+                sums[sweep.names[name]][:, idx] += col.T.float()  # columns i = J b_i
             bar.update(1)
             captured.clear()
 
@@ -185,30 +247,36 @@ def _compute(
     batch_size: int,
     cache_dir,
     progress: bool,
+    max_memory_gb: float | None = None,
 ) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
     tokens = check_tokens(model, tokens, skip_positions)
+    if max_memory_gb is not None:
+        chunk = chunk_for_memory(model, sweeps, widths, min(batch_size, len(tokens)), tokens.shape[1], max_memory_gb)
+    basis = basis_fingerprint(sweeps[0].basis) if sweeps[0].basis is not None else None
+    device = torch.device(model.cfg.device)
     fingerprint = corpus_fingerprint(tokens)
     dtype = str(model.cfg.dtype).replace("torch.", "")
     model_name = str(model.cfg.model_name)
     local, rank, world = world_slice(tokens)
     path = None
     if cache_dir is not None:
-        path = cache_path(cache_dir, kind, model_name, names, fingerprint, dtype, skip_positions)
+        keyed = names if basis is None else [*names, f"basis:{basis}"]  # one cache file per feature set
+        path = cache_path(cache_dir, kind, model_name, keyed, fingerprint, dtype, skip_positions)
     state = None
     if path is not None and path.exists():
         state = OperatorSet.load(path)
         if state.complete:
             logger.info("Reusing cached %s from %s", state.describe(), path)
-            return state
+            return state.to(model.cfg.device)
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
     if state is None:
         state = OperatorSet(
             kind=kind,
-            sums={n: torch.zeros(shapes[n]) for n in names},
+            sums={n: torch.zeros(shapes[n], device=device) for n in names},
             count=0,
             model_name=model_name,
             anchor_hook=anchor,
@@ -217,15 +285,17 @@ def _compute(
             skip_positions=skip_positions,
             batches_done=0,
             batch_size=batch_size,
-            extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk},
+            extra={
+                "directions": sorted({s.direction for s in sweeps}),
+                "chunk": chunk,
+                **({"basis": basis} if basis else {}),
+            },
         )
     else:
         logger.info("Resuming %s after %d minibatches", state.describe(), state.batches_done)
-    state.sums = {n: s.to(model.cfg.device) for n, s in state.sums.items()}
-    batches = list(torch.split(local.to(model.cfg.device), batch_size)) if len(local) else []
-    n_chunks = sum(
-        -(-(widths[s.read[0]] if s.direction == "reverse" else widths[next(iter(s.perturb))]) // chunk) for s in sweeps
-    )
+    state = state.to(device)  # sums accumulate on the model's device; the file on disk is device-free
+    batches = list(torch.split(local.to(device), batch_size)) if len(local) else []
+    n_chunks = sum(-(-s.width(widths) // chunk) for s in sweeps)
     bar = tqdm(
         total=(len(batches) - state.batches_done) * n_chunks,
         desc=f"{kind} operators",
@@ -237,7 +307,7 @@ def _compute(
         valid[:, skip_positions:] = 1.0
         for sweep in sweeps:
             _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
-        state.count += int(valid.sum())
+        state.count += batch.shape[0] * (batch.shape[1] - skip_positions)  # |T| from shapes: no device sync
         state.batches_done = b + 1
         if path is not None and world == 1 and b + 1 < len(batches):
             state.save(path)  # partial: a rerun resumes after this minibatch
@@ -245,9 +315,8 @@ def _compute(
     state.batches_done = -1
     if world > 1:  # on the model's device: gloo for CPU, nccl for CUDA
         state.sums, state.count = all_reduce_sums(state.sums, state.count)
-    state.sums = {n: s.cpu() for n, s in state.sums.items()}
     for name, s in state.sums.items():
-        check_finite(s, f"{kind} operator {name!r}")
+        check_operator(s, f"{kind} operator {name!r}")
     if path is not None and rank == 0:
         state.save(path)
     return state
@@ -271,6 +340,8 @@ def value_operators(
     cache_dir=None,
     progress: bool = True,
     direction: Direction = "reverse",
+    basis: Float[torch.Tensor, "n d_src"] | None = None,
+    max_memory_gb: float | None = None,
 ) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
 
@@ -288,17 +359,29 @@ def value_operators(
         cache_dir: folder to reuse/resume results whose metadata (model, hooks, corpus, dtype, skip) match.
         progress: tqdm bar.
         direction: ``"reverse"`` or ``"forward"``.
+        basis: the feature basis — ``n`` source directions ``v_i`` (rows) pushed forward directly, so each operator is
+            ``M_src Vᵀ`` ``[d_model, n]`` at the cost of n tangents instead of d_src (``direction`` is then forward).
+            None: the identity basis, the full operator.
+        max_memory_gb: choose ``chunk`` from this working-memory budget (:func:`chunk_for_memory`).
     """
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
         raise ValueError("Give at least one source hook.")
+    if basis is not None:
+        direction = "forward"
     final = final_hook(model)
     widths = _widths(model, [*hooks, final])
     for name in hooks:
         if hook_layer(name) is None and name != EMBED_HOOK:
             raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
-    sweeps = _plan(direction, hooks, [final], name=lambda source, read: source)
-    shapes = {h: (widths[final], widths[h]) for h in hooks}
+    if direction == "reverse":
+        sweeps = [_Sweep("reverse", {h: False for h in hooks}, [final], {h: h for h in hooks})]
+    elif direction == "forward":
+        sweeps = [_Sweep("forward", {h: False}, [final], {final: h}, _basis(basis, widths[h], h)) for h in hooks]
+    else:
+        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    columns = {h: widths[h] if basis is None else len(basis) for h in hooks}
+    shapes = {h: (widths[final], columns[h]) for h in hooks}
     return _compute(
         model,
         tokens,
@@ -313,6 +396,7 @@ def value_operators(
         batch_size=batch_size,
         cache_dir=cache_dir,
         progress=progress,
+        max_memory_gb=max_memory_gb,
     )
 
 
@@ -327,19 +411,32 @@ def key_operators(
     cache_dir=None,
     progress: bool = True,
     direction: Direction = "forward",
+    basis: Float[torch.Tensor, "n d_dst"] | None = None,
+    max_memory_gb: float | None = None,
 ) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
 
     ``Δh_dst ≈ N_dst @ δe`` for ``δe`` added to the embedding of every position. ``direction="forward"`` (default)
     reaches all destinations in one JVP sweep with ``d_model`` tangents; ``"reverse"`` runs one backward sweep per
-    destination. Other arguments as in :func:`value_operators`.
+    destination. ``basis``: ``n`` key directions ``k_i`` (rows, at the destination) pulled back directly, so each
+    operator is ``K N_dst`` ``[n, d_model]`` (row i = ``N_dstᵀ k_i``) at the cost of n cotangents (reverse mode).
+    Other arguments as in :func:`value_operators`.
     """
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
         raise ValueError("Give at least one destination hook.")
+    if basis is not None:
+        direction = "reverse"
     widths = _widths(model, [EMBED_HOOK, *hooks])
-    sweeps = _plan(direction, [EMBED_HOOK], hooks, name=lambda source, read: read)
-    shapes = {h: (widths[h], widths[EMBED_HOOK]) for h in hooks}
+    if direction == "forward":
+        sweeps = [_Sweep("forward", {EMBED_HOOK: False}, hooks, {h: h for h in hooks})]
+    elif direction == "reverse":
+        sweeps = [
+            _Sweep("reverse", {EMBED_HOOK: False}, [h], {EMBED_HOOK: h}, _basis(basis, widths[h], h)) for h in hooks
+        ]
+    else:
+        raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
+    shapes = {h: (widths[h] if basis is None else len(basis), widths[EMBED_HOOK]) for h in hooks}
     return _compute(
         model,
         tokens,
@@ -354,6 +451,7 @@ def key_operators(
         batch_size=batch_size,
         cache_dir=cache_dir,
         progress=progress,
+        max_memory_gb=max_memory_gb,
     )
 
 
@@ -368,41 +466,59 @@ def module_operators(
     cache_dir=None,
     progress: bool = True,
     direction: Direction = "reverse",
+    basis: Float[torch.Tensor, "n d_model"] | None = None,
+    max_memory_gb: float | None = None,
 ) -> OperatorSet:
-    """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k = ∂attn_out_k/∂resid_pre_k
-    and ``blocks.k.mlp`` = J̄_M^k = ∂mlp_out_k/∂resid_mid_k, each ``[d_model, d_model]`` (DESIGN §4–5).
+    """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
+    the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
+    ``[d_model, d_model]`` (DESIGN §4–5).
 
-    Inputs are perturbed in replace mode (``x.detach() + δ``) so each module sees only its own tangent; one sweep in
-    either direction gives every module. Other arguments as in :func:`value_operators`.
+    Sequential blocks: J̄_A^k = ∂attn_out_k/∂resid_pre_k, J̄_M^k = ∂mlp_out_k/∂resid_mid_k. Parallel blocks
+    (``parallel_attn_mlp``: GPT-J, GPT-NeoX/Pythia) have no resid_mid: both modules read the block input, so
+    J̄_A^k = ∂attn_out_k/∂resid_pre_k and J̄_M^k = ∂mlp_out_k/∂resid_pre_k (their sum is the block's Jacobian minus I).
+
+    Inputs are perturbed in replace mode (``x.detach() + δ``) so each module sees only its own tangent. Forward mode
+    gives every module from one sweep; reverse mode needs one sweep per input hook, so two for parallel blocks (the
+    attention and MLP writes share their input). ``basis``: ``n`` directions (rows) pushed forward through every
+    module at once, so each operator is ``J̄ Vᵀ`` ``[d_model, n]``. Other arguments as in :func:`value_operators`.
     """
+    if basis is not None:
+        direction = "forward"
     n_layers = model.cfg.n_layers
     layers = list(range(n_layers)) if layers is None else sorted({int(k) for k in layers})
     bad = [k for k in layers if not 0 <= k < n_layers]
     if bad or not layers:
         raise ValueError(f"layers {bad or layers} out of range for a model with {n_layers} layers.")
-    if getattr(model.cfg, "parallel_attn_mlp", False):
-        raise NotImplementedError("Parallel attention/MLP blocks have no resid_mid; module operators need it.")
+    if getattr(model.cfg, "attn_only", False):
+        raise NotImplementedError("Attention-only models have no MLP modules; module operators need both.")
+    mlp_input = "pre" if getattr(model.cfg, "parallel_attn_mlp", False) else "mid"
+    reads = {m: {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers} for m in ("attn", "mlp")}
     inputs = {
-        f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers for p, m in (("pre", "attn"), ("mid", "mlp"))
+        m: {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers}
+        for m, p in (("attn", "pre"), ("mlp", mlp_input))
     }
-    outputs = {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")}
-    widths = _widths(model, [*inputs, *outputs])
-    perturb = {h: True for h in inputs}
+    outputs = {**reads["attn"], **reads["mlp"]}
+    widths = _widths(model, [*inputs["attn"], *inputs["mlp"], *outputs])
+    perturb = {h: True for h in (*inputs["attn"], *inputs["mlp"])}
     if direction == "reverse":
-        sweeps = [_Sweep("reverse", perturb, list(outputs), inputs)]
+        if mlp_input == "pre":  # one input, two outputs: pull each output back in its own sweep
+            sweeps = [_Sweep("reverse", perturb, list(reads[m]), inputs[m]) for m in ("attn", "mlp")]
+        else:
+            sweeps = [_Sweep("reverse", perturb, list(outputs), {**inputs["attn"], **inputs["mlp"]})]
     elif direction == "forward":
-        sweeps = [_Sweep("forward", perturb, list(outputs), outputs)]
+        sweeps = [_Sweep("forward", perturb, list(outputs), outputs, _basis(basis, model.cfg.d_model, "the residual"))]
     else:
         raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
-    names = list(outputs.values())
+    names = [f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")]
     d = model.cfg.d_model
+    n = d if basis is None else len(basis)
     return _compute(
         model,
         tokens,
         "module",
         "",
         names,
-        {n: (d, d) for n in names},
+        {name: (d, n) for name in names},
         sweeps,
         widths,
         skip_positions=skip_positions,
@@ -410,4 +526,13 @@ def module_operators(
         batch_size=batch_size,
         cache_dir=cache_dir,
         progress=progress,
+        max_memory_gb=max_memory_gb,
     )
+
+
+def _basis(basis: torch.Tensor | None, width: int, where: str) -> torch.Tensor | None:
+    if basis is None:
+        return None
+    if basis.ndim != 2 or basis.shape[1] != width or basis.shape[0] < 1:
+        raise ValueError(f"basis must be [n ≥ 1, {width}] (directions at {where}), got {tuple(basis.shape)}.")
+    return basis.detach()

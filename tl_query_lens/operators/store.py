@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.errors import CorruptFileError, check_finite
 from tl_query_lens.results import read_tensors, write_tensors
 
 OperatorKind = Literal["value", "key", "module"]
@@ -45,7 +46,8 @@ class OperatorSet:
         skip_positions: positions ``< skip_positions`` of every sequence are excluded from T.
         batches_done: sequence minibatches accumulated so far (for resuming); ``-1`` once complete.
         batch_size: sequences per minibatch (resuming needs the same split).
-        extra: free-form JSON-able metadata (e.g. the sweep direction used).
+        extra: free-form JSON-able metadata (the sweep direction used; ``basis``: the fingerprint of the feature basis
+            when the operators were computed on one, i.e. hold ``M Vᵀ`` / ``K N`` instead of ``M`` / ``N``).
     """
 
     kind: OperatorKind
@@ -94,21 +96,39 @@ class OperatorSet:
         if self.count <= 0:
             raise ValueError("This OperatorSet has no tokens (count = 0); compute it on a non-empty corpus.")
         mean = self.sums[name] / self.count
-        check_finite(mean, f"{self.kind} operator {name!r}")
+        check_operator(mean, f"{self.kind} operator {name!r}")
         return mean
 
     def items(self):
         return ((name, self[name]) for name in self.sums)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the sums live (the model's device after the engine; CPU after :meth:`load`)."""
+        return next(iter(self.sums.values())).device if self.sums else torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> OperatorSet:
+        """The same set with its sums on ``device`` (a no-op copy-free view when they are already there)."""
+        return dataclasses.replace(self, sums={name: s.to(device) for name, s in self.sums.items()})
+
     # ----- combining ----------------------------------------------------------------------------------------------
     def compatible(self, other: OperatorSet) -> bool:
-        return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks) == (
+        return (
+            self.kind,
+            self.model_name,
+            self.anchor_hook,
+            self.dtype,
+            self.skip_positions,
+            self.hooks,
+            self.extra.get("basis"),
+        ) == (
             other.kind,
             other.model_name,
             other.anchor_hook,
             other.dtype,
             other.skip_positions,
             other.hooks,
+            other.extra.get("basis"),
         )
 
     def merge(self, other: OperatorSet) -> OperatorSet:
@@ -158,33 +178,45 @@ class OperatorSet:
 
     @classmethod
     def load(cls, path: str | Path) -> OperatorSet:
-        tensors, meta = read_tensors(path)
+        """Read a file written by :meth:`save`; a truncated or foreign file raises a
+        :class:`~tl_query_lens.errors.CorruptFileError` that names it and says to delete it."""
+        fix = (
+            "Delete it and rerun: the operators are recomputed (cached operator files are safe to delete; "
+            "another cache folder works too: cache_dir= / --cache-dir)."
+        )
+        tensors, meta = read_tensors(path, fix=fix)
         if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{path} is not an OperatorSet file of format {FORMAT_VERSION} (metadata: {meta}).")
-        return cls(
-            kind=meta["kind"],
-            sums={name: tensors[name] for name in meta["hooks"]},
-            count=int(meta["count"]),
-            model_name=meta["model_name"],
-            anchor_hook=meta["anchor_hook"],
-            corpus_fingerprint=meta["corpus_fingerprint"],
-            dtype=meta["dtype"],
-            skip_positions=int(meta["skip_positions"]),
-            batches_done=int(meta["batches_done"]),
-            batch_size=int(meta["batch_size"]),
-            extra=meta.get("extra", {}),
-        )
+            raise CorruptFileError(
+                path, f"is not an OperatorSet file of format {FORMAT_VERSION} (format {meta.get('format')!r})", fix
+            )
+        try:
+            return cls(
+                kind=meta["kind"],
+                sums={name: tensors[name] for name in meta["hooks"]},
+                count=int(meta["count"]),
+                model_name=meta["model_name"],
+                anchor_hook=meta["anchor_hook"],
+                corpus_fingerprint=meta["corpus_fingerprint"],
+                dtype=meta["dtype"],
+                skip_positions=int(meta["skip_positions"]),
+                batches_done=int(meta["batches_done"]),
+                batch_size=int(meta["batch_size"]),
+                extra=meta.get("extra", {}),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptFileError(path, f"lacks operator data or metadata ({type(err).__name__}: {err})", fix) from err
 
 
-def check_finite(tensor: torch.Tensor, what: str) -> None:
-    """Raise a ValueError naming ``what`` if ``tensor`` holds NaN or inf."""
-    if not torch.isfinite(tensor).all():
-        bad = int((~torch.isfinite(tensor)).sum())
-        raise ValueError(
-            f"The {what} has {bad} non-finite entries (NaN/inf). The model produced non-finite activations or "
-            "gradients on this corpus: compute operators in float32, check the tokens, or drop the offending "
-            "sequences; a cached file may be corrupt (delete it from cache_dir)."
-        )
+# Where NaN/inf in an operator comes from, for the error message.
+OPERATOR_HINT = (
+    "The model produced non-finite activations or gradients on this corpus: compute operators in "
+    "float32, check the model's weights and the tokens, or drop the offending sequences."
+)
+
+
+def check_operator(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    """:func:`~tl_query_lens.errors.check_finite` with the operator hint."""
+    return check_finite(tensor, what, hint=OPERATOR_HINT)
 
 
 def cache_path(

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.errors import check_finite
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.results import SavableResult
 
@@ -241,6 +242,16 @@ def channel_analysis(
         cfg / overrides: a :class:`ChannelConfig`; keyword overrides replace single fields.
     """
     cfg = resolve_config(ChannelConfig, cfg, overrides)
+    for source, values in values_by_source.items():
+        check_finite(
+            values,
+            f"value vectors of source layer {source}",
+            hint="The dictionary's W_dec is corrupt or training diverged: reload or retrain it.",
+        )
+    # Small dense fits: done on the CPU whatever device the operators were computed on (the engine returns them on
+    # the model's device), so seeded CPU generators and the inputs never mix devices.
+    values_by_source = {source: values.detach().float().cpu() for source, values in values_by_source.items()}
+    operators = {name: op.detach().float().cpu() for name, op in operators.items()}
     d = next(iter(values_by_source.values())).shape[1]
     rank = cfg.rank or max(1, d // n_layers)
     names, sources, dests, modules, fits = [], [], [], [], {f: {} for f in cfg.fits}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -29,13 +29,12 @@ from tl_query_lens.query_lens.max_activating import (
     output_scores,
     view_start_layer,
 )
+from tl_query_lens.query_lens.paper_protocol import input_scores_paper, integer_alphas, steering_rise
 from tl_query_lens.query_lens.steering import (
     NEUTRAL_PROMPTS,
     TeacherForced,
-    clamp_hooks,
     clamp_signatures,
     kl_per_row,
-    rank_percentiles,
     sample_continuations,
     zero_ablation_signatures,
 )
@@ -59,6 +58,12 @@ class EvaluationConfig:
         n_steered: |S|, tokens kept from the steering rank-percentile rise (paper: 25).
         baselines: baselines computed here and scored like the given methods ("ZO", "TC").
         tc_values: clamp values of the TC baseline.
+        protocol: ``"per-target"`` (this project's: one S per KL target, ranks over prompt and generated positions,
+            α by geometric bracketing + bisection on clean continuations, strings stripped and lower-cased) or
+            ``"paper"`` (the authors' code: one S over both targets, ranks over generated positions only, integer α
+            in [1, 1000] with KL on the prompts, TC at α = 10 only, ▁/Ġ/Ċ-only normalisation; see
+            :mod:`tl_query_lens.query_lens.paper_protocol`). Under ``"paper"`` every output column holds the score of
+            the one shared S.
     """
 
     n_contexts: int = 20
@@ -71,8 +76,13 @@ class EvaluationConfig:
     n_steered: int = 25
     baselines: tuple[str, ...] = ("ZO", "TC")
     tc_values: tuple[float, ...] = (1.0, 5.0, 10.0)
+    protocol: Literal["per-target", "paper"] = "per-target"
 
     def __post_init__(self) -> None:
+        if self.protocol not in ("per-target", "paper"):
+            raise ValueError(f"protocol must be 'per-target' or 'paper', got {self.protocol!r}.")
+        if self.protocol == "paper":
+            self.tc_values = (10.0,)  # the authors' TC clamps at α = 10 only
         self.kl_targets, self.prompts = tuple(self.kl_targets), tuple(self.prompts)
         self.baselines, self.tc_values = tuple(self.baselines), tuple(self.tc_values)
         if self.n_contexts < 1 or self.n_generate < 1 or self.n_steps < 1 or self.n_steered < 1:
@@ -276,24 +286,18 @@ def steering_top_tokens(
     Each prompt is continued by sampling with feature i clamped to α_i on prompt and generated positions; the rise is
     pct_steered − pct_clean, both teacher-forced on those same tokens, averaged over positions and prompts.
     """
-    view = as_key_value(dictionary, model)
-    start = view_start_layer(view)
-    n = len(features)
-    rise = torch.zeros(n, model.cfg.d_vocab)
-    kl = torch.zeros(n)
-    gen = torch.Generator().manual_seed(seed)
-    rows = torch.arange(n)
-    for prompt in prompts:
-        hooks = clamp_hooks(view, features, alphas)
-        text = sample_continuations(
-            model, prompt, n, n_generate=n_generate, temperature=temperature, generator=gen, hooks=hooks
-        )
-        run = TeacherForced(model, text, start)
-        steered = run.steered_logprobs(view, features, alphas, rows)
-        kl += kl_per_row(run.logprobs, steered).cpu()
-        for i in range(n):  # per feature: bounds the [pos, d_vocab] rank tensors
-            rise[i] += (rank_percentiles(steered[i]) - rank_percentiles(run.logprobs[i])).mean(0).cpu()
-    return rise.topk(n_steered, dim=-1).indices, kl / len(prompts)
+    rise, kl = steering_rise(
+        model,
+        as_key_value(dictionary, model),
+        features,
+        alphas,
+        prompts,
+        n_generate=n_generate,
+        temperature=temperature,
+        seed=seed,
+        positions="all",
+    )
+    return rise.topk(n_steered, dim=-1).indices, kl
 
 
 def evaluate_signatures(
@@ -346,33 +350,49 @@ def evaluate_signatures(
         methods["ZO"] = zero_ablation_signatures(model, view, features, contexts, tokens, k=_k(methods))
     if "TC" in cfg.baselines:
         methods["TC"] = clamp_signatures(model, view, features, clean_text, values=cfg.tc_values, k=_k(methods))
-    logger.info("layer %s: α search for %d features, targets %s", view.layer, len(features), cfg.kl_targets)
-    alphas, search_kl = kl_matched_alphas(
-        model, view, features, clean_text, cfg.kl_targets, init=contexts.activation[features, 0], n_steps=cfg.n_steps
+    logger.info(
+        "layer %s: α search for %d features, targets %s (%s protocol)",
+        view.layer,
+        len(features),
+        cfg.kl_targets,
+        cfg.protocol,
     )
-    steered, achieved = [], []
-    for t in range(len(cfg.kl_targets)):
-        top, kl = steering_top_tokens(
+    if cfg.protocol == "paper":
+        steered, achieved, alphas, search_kl = _paper_steering(model, view, features, prompts, cfg, _k(methods))
+    else:
+        alphas, search_kl = kl_matched_alphas(
             model,
             view,
             features,
-            alphas[t],
-            prompts,
-            n_generate=cfg.n_generate,
-            temperature=cfg.temperature,
-            seed=cfg.seed + 1 + t,
-            n_steered=cfg.n_steered,
+            clean_text,
+            cfg.kl_targets,
+            init=contexts.activation[features, 0],
+            n_steps=cfg.n_steps,
         )
-        steered.append(top)
-        achieved.append(kl)
+        steered, achieved = [], []
+        for t in range(len(cfg.kl_targets)):
+            top, kl = steering_top_tokens(
+                model,
+                view,
+                features,
+                alphas[t],
+                prompts,
+                n_generate=cfg.n_generate,
+                temperature=cfg.temperature,
+                seed=cfg.seed + 1 + t,
+                n_steered=cfg.n_steered,
+            )
+            steered.append(top)
+            achieved.append(kl)
     names = list(methods)
     top_tokens = contexts.token[features]
+    score_input = input_scores_paper if cfg.protocol == "paper" else input_scores
     return SignatureEvaluation(
         methods=names,
         features=features,
         layers=torch.full_like(features, view.layer if view.layer is not None else -1),
         kl_targets=list(cfg.kl_targets),
-        input_scores=torch.stack([input_scores(tokenizer, top_tokens, methods[m]) for m in names]),
+        input_scores=torch.stack([score_input(tokenizer, top_tokens, methods[m]) for m in names]),
         output_scores=torch.stack([torch.stack([output_scores(s, methods[m]) for s in steered]) for m in names]),
         alphas=alphas,
         search_kl=search_kl,
@@ -381,6 +401,29 @@ def evaluate_signatures(
         signature_ids=_pad_stack([methods[m] for m in names]),
         config={**cfg.__dict__, "corpus_fingerprint": contexts.corpus_fingerprint, "read_hook": view.read_hook},
     )
+
+
+def _paper_steering(model, view, features, prompts, cfg: EvaluationConfig, k: int):
+    """The authors' output side: integer α per target (KL on the prompts), one S = top-k of the rise averaged over
+    the targets, ranks over generated positions; the same S fills every target's row."""
+    alphas, search_kl = integer_alphas(model, view, features, prompts, cfg.kl_targets)
+    rises, achieved = [], []
+    for t in range(len(cfg.kl_targets)):
+        rise, kl = steering_rise(
+            model,
+            view,
+            features,
+            alphas[t].float(),
+            prompts,
+            n_generate=cfg.n_generate,
+            temperature=cfg.temperature,
+            seed=cfg.seed + 1 + t,
+            positions="generated",
+        )
+        rises.append(rise)
+        achieved.append(kl)
+    shared = torch.stack(rises).mean(0).topk(k, dim=-1).indices  # |S| = |T|, as in the authors' code
+    return [shared] * len(cfg.kl_targets), achieved, alphas.float(), search_kl
 
 
 def _pad_stack(ids: list[torch.Tensor]) -> torch.Tensor:

@@ -39,10 +39,11 @@ from transformer_lens.components import LayerNorm, LayerNormPre
 
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
+from tl_query_lens.errors import check_outputs
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
-from tl_query_lens.operators.engine import check_tokens
-from tl_query_lens.operators.store import check_finite
+from tl_query_lens.operators.engine import basis_fingerprint, check_tokens
+from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ SIGNATURE_METHODS: dict[str, tuple[str, str]] = {
     "QL_VALUE": ("value", "full"),
     "QL_VALUE_1st": ("value", "first_order"),
 }
+Basis = Literal["auto", "identity", "features"]
+_BASES = ("auto", "identity", "features")
 
 
 def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
@@ -83,8 +86,13 @@ class QueryLens:
         model: the clean TransformerLens model (no SAEs spliced in).
         tokens: ``[batch, pos]`` corpus the operators are averaged over.
         skip_positions: leading positions excluded from the valid tokens T.
-        chunk / batch_size / cache_dir / progress: passed to the engine.
+        chunk / batch_size / cache_dir / progress / max_memory_gb: passed to the engine.
         feature_chunk: features scored per matmul against the vocabulary (memory ∝ feature_chunk × d_vocab).
+        basis: how the engine is asked for a request of n features. ``"identity"``: the full operator (d tangent
+            passes; kept and reused for every later request). ``"features"``: the n requested value directions
+            pushed forward (key directions pulled back) directly — n passes, cached per feature set. ``"auto"``
+            (default): the full operator when it is already held, else whichever basis is smaller; both passes walk
+            the same chain of blocks, so the estimate compares n × chain with d × chain. Overridable per call.
     """
 
     def __init__(
@@ -98,9 +106,14 @@ class QueryLens:
         feature_chunk: int = 256,
         cache_dir=None,
         progress: bool = True,
+        basis: Basis = "auto",
+        max_memory_gb: float | None = None,
     ) -> None:
         if feature_chunk < 1:
             raise ValueError(f"feature_chunk must be ≥ 1, got {feature_chunk}.")
+        if basis not in _BASES:
+            raise ValueError(f"basis must be one of {_BASES}, not {basis!r}.")
+        self.basis = basis
         self.model = model
         self.tokens = check_tokens(model, tokens, skip_positions)
         self.skip_positions = skip_positions
@@ -111,7 +124,9 @@ class QueryLens:
             "batch_size": batch_size,
             "cache_dir": cache_dir,
             "progress": progress,
+            "max_memory_gb": max_memory_gb,
         }
+        self._pushed: dict[tuple[str, str, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
         self._value: dict[str, torch.Tensor] = {}
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
@@ -179,9 +194,39 @@ class QueryLens:
     @torch.no_grad()
     def corpus_center(self) -> Float[torch.Tensor, " d_model"]:
         """Mean token embedding c over the valid corpus tokens (QL_KEY)."""
-        return self.model.W_E[self.tokens[:, self.skip_positions :].reshape(-1)].mean(0)
+        W_E = self.model.W_E
+        return W_E[self.tokens[:, self.skip_positions :].reshape(-1).to(W_E.device)].float().mean(0)
 
     # ----- signatures ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def value_directions(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        method: ValueMethod = "full",
+        basis: Basis | None = None,
+    ) -> Float[torch.Tensor, "n d_model"]:
+        """Each feature's residual direction before LN_f — ``M_l v`` (full), ``v + Σ_m J̄_m v`` (first_order) or ``v``
+        (logit_lens) — fp32, on the model's device."""
+        view, ids = self._view(dictionary, features, 1)
+        return self._value_terms(view, ids, method, basis)[0]
+
+    @torch.no_grad()
+    def key_gradients(
+        self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *, basis: Basis | None = None
+    ) -> Float[torch.Tensor, "n d_model"]:
+        """``ḡ = N_lᵀ k`` of each feature (QL_KEY before the embedding readout), fp32, on the model's device."""
+        view, ids = self._view(dictionary, features, 1)
+        keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
+        # The full key operator costs d_model tangents (from hook_embed), the feature basis one cotangent per key.
+        if self._feature_basis(len(ids), self.model.cfg.d_model, view.read_hook in self._key, basis):
+            gradients = self._push("key", view.read_hook, keys)  # K N: the keys pulled back directly
+        else:
+            gradients = keys @ self.key_operator(view.read_hook)  # one row per feature
+        check_operator(gradients, "key gradients")
+        return gradients
+
     @torch.no_grad()
     def value_signatures(
         self,
@@ -190,26 +235,13 @@ class QueryLens:
         *,
         k: int = 25,
         method: ValueMethod = "full",
+        basis: Basis | None = None,
     ) -> Signatures:
         """What each feature promotes: top/bottom-k tokens of its value signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
-        values = view.values[ids].to(self.model.cfg.device, torch.float32)
-        hook = view.value_hook
-        names, terms = None, None
-        if method == "logit_lens":
-            raw = values
-        elif method == "full":
-            raw = values @ self.value_operator(hook).T  # M_l v
-        elif method == "first_order":
-            names = downstream_modules(hook, self.model.cfg.n_layers)
-            self.precompute(module_layers=sorted({hook_layer(n) for n in names}))
-            terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
-            raw = torch.stack(terms).sum(0)
-            names = ["direct", *names]
-        else:
-            raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
+        raw, terms, names = self._value_terms(view, ids, method, basis)
         directions = self._final_norm(raw)
-        check_finite(directions, "value directions")
+        check_operator(directions, "value directions")
         result = self._rank(
             directions,
             ids,
@@ -223,9 +255,9 @@ class QueryLens:
         )
         if terms is not None:
             result.module_names = names
-            result.module_contributions = self._contributions(raw, terms, result.top_ids)
+            result.module_contributions = self._contributions(raw, terms, result.top_ids).cpu()
             result.module_shares = result.module_contributions / result.module_contributions.sum(1, keepdim=True)
-        return result
+        return check_outputs(result, "value_signatures", hint=OPERATOR_HINT)
 
     @torch.no_grad()
     def key_signatures(
@@ -235,33 +267,41 @@ class QueryLens:
         *,
         k: int = 25,
         method: KeyMethod = "full",
+        basis: Basis | None = None,
     ) -> Signatures:
         """What activates each feature: top/bottom-k tokens of its key signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
-        keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
         if method == "logit_lens":
+            keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
             if view.d_in != self.model.cfg.d_model:
                 raise ValueError(
                     f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
                     f"{view.read_hook} has width {view.d_in}. Use method='full'."
                 )
-            return self._rank(
-                keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False, center=None
+            return check_outputs(
+                self._rank(
+                    keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False, center=None
+                ),
+                "key_signatures",
+                hint=OPERATOR_HINT,
             )
         if method != "full":
             raise ValueError(f"method must be 'full' or 'logit_lens', not {method!r}.")
-        gradients = keys @ self.key_operator(view.read_hook)  # ḡ = N_lᵀ k, one row per feature
-        check_finite(gradients, "key gradients")
-        return self._rank(
-            gradients,
-            ids,
-            view,
-            side="key",
-            method=method,
-            k=k,
-            readout="embed_centred",
-            add_bias=False,
-            center=self.corpus_center(),
+        gradients = self.key_gradients(view, ids, basis=basis)  # ḡ = N_lᵀ k, one row per feature
+        return check_outputs(
+            self._rank(
+                gradients,
+                ids,
+                view,
+                side="key",
+                method=method,
+                k=k,
+                readout="embed_centred",
+                add_bias=False,
+                center=self.corpus_center(),
+            ),
+            "key_signatures",
+            hint=OPERATOR_HINT,
         )
 
     def signature_set(
@@ -292,6 +332,69 @@ class QueryLens:
             raise ValueError(f"k must be in 1..d_vocab={self.model.cfg.d_vocab}, got {k}.")
         return view, ids
 
+    def _feature_basis(self, n: int, d: int, held: bool, basis: Basis | None) -> bool:
+        """Whether a request of n features uses the feature basis (see the class docstring)."""
+        choice = self.basis if basis is None else basis
+        if choice not in _BASES:
+            raise ValueError(f"basis must be one of {_BASES}, not {choice!r}.")
+        if choice != "auto":
+            return choice == "features"
+        return not held and n < d  # cost ∝ basis size × the same chain of blocks
+
+    def _push(self, kind: str, hook: str, directions: torch.Tensor) -> torch.Tensor:
+        """Engine products on the feature basis ``directions`` (cached per feature set): ``[n, d]`` rows ``M v_i``
+        (value), ``N_dstᵀ k_i`` (key); for ``kind="module"`` ``hook`` is a comma-joined list of layers and the result
+        is stored per module under ``blocks.k.attn`` / ``blocks.k.mlp``."""
+        key = (kind, hook, basis_fingerprint(directions))
+        if key not in self._pushed:
+            if kind == "value":
+                self._pushed[key] = value_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
+                    hook
+                ].T
+            elif kind == "key":
+                self._pushed[key] = key_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
+                    hook
+                ]
+            else:
+                layers = [int(k) for k in hook.split(",")]
+                ops = module_operators(self.model, self.tokens, layers, basis=directions, **self._engine)
+                for name in ops:
+                    self._pushed[("module", name, key[2])] = ops[name].T
+                self._pushed[key] = directions
+        return self._pushed[key]
+
+    def _value_terms(
+        self, view: KeyValueView, ids: torch.Tensor, method: str, basis: Basis | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
+        """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device."""
+        if not view.fixed_values:
+            raise ValueError(
+                f"The values of this dictionary pass through a per-token norm before {view.write_hook} "
+                "(FF-KV of a block with a post-MLP norm, e.g. Gemma-2), so they have no fixed residual "
+                "direction for value signatures; key signatures work, or use an SAE on hook_mlp_out."
+            )
+        values = view.values[ids].to(self.model.cfg.device, torch.float32)
+        hook = view.value_hook
+        if method == "logit_lens":
+            return values, None, None
+        d = values.shape[1]
+        if method == "full":
+            if self._feature_basis(len(ids), d, hook in self._value, basis):
+                return self._push("value", hook, values), None, None  # M_l v pushed directly
+            return values @ self.value_operator(hook).T, None, None  # M_l v
+        if method == "first_order":
+            names = downstream_modules(hook, self.model.cfg.n_layers)
+            layers = sorted({hook_layer(n) for n in names})
+            if names and self._feature_basis(len(ids), d, all(n in self._module for n in names), basis):
+                fingerprint = basis_fingerprint(values)
+                self._push("module", ",".join(map(str, layers)), values)
+                terms = [values] + [self._pushed[("module", n, fingerprint)] for n in names]
+            else:
+                self.precompute(module_layers=layers)
+                terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
+            return torch.stack(terms).sum(0), terms, ["direct", *names]
+        raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
+
     def _final_norm(self, raw: Float[torch.Tensor, "n d_model"]) -> Float[torch.Tensor, "n d_model"]:
         """LN_f applied to each direction itself (the module, eps and weights included; not linearised)."""
         return self.model.ln_final(raw.to(self.model.cfg.dtype)[None])[0].float()
@@ -312,6 +415,7 @@ class QueryLens:
         """Each term's logit contribution ``W_U[:, t]·(w ⊙ P(c)/σ(u))`` summed over the feature's top-k tokens."""
         inv_scale, weight, centre = self._norm_parts(raw)
         W_U = self.model.W_U.float()
+        top_ids = top_ids.to(W_U.device)
         contributions = []
         for term in terms:
             term = term - term.mean(-1, keepdim=True) if centre else term

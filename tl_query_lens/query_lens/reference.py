@@ -30,6 +30,7 @@ def _parse(hook: str) -> tuple[int, str]:
 
 def clean_stream(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"]) -> list[torch.Tensor]:
     """``[resid_pre_0, …, resid_pre_{L-1}, resid_post_{L-1}]`` from the model's own pieces (no hooks, no cache)."""
+    tokens = tokens.to(model.cfg.device)
     x = model.embed(tokens)
     if model.cfg.positional_embedding_type == "standard":
         x = x + model.pos_embed(tokens)
@@ -45,20 +46,27 @@ def clean_stream(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"
 def attn_update(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
     """Block k's attention write ``R_A(x) = attn(ln1(x))`` (what ``hook_attn_out`` carries)."""
     normed = block.ln1(x)
-    return block.attn(query_input=normed, key_input=normed, value_input=normed)
+    out = block.attn(query_input=normed, key_input=normed, value_input=normed)
+    return block.ln1_post(out) if block.cfg.use_normalization_before_and_after else out  # Gemma-2 post-norm
 
 
 def mlp_update(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
     """Block k's MLP write ``R_M(x) = mlp(ln2(x))`` (what ``hook_mlp_out`` carries)."""
-    return block.mlp(block.ln2(x))
+    out = block.mlp(block.ln2(x))
+    return block.ln2_post(out) if block.cfg.use_normalization_before_and_after else out  # Gemma-2 post-norm
 
 
-def _normalized(norm, x: torch.Tensor) -> torch.Tensor:
-    """A TL norm's ``hook_normalized`` value (before its weight/bias), captured by a temporary hook."""
+def mlp_input(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
+    """The residual block k's MLP reads: ``resid_mid = x + R_A(x)``, or the block input ``x`` for parallel blocks."""
+    return x if block.cfg.parallel_attn_mlp else x + attn_update(block, x)
+
+
+def _captured(hook_point, run) -> torch.Tensor:
+    """The value ``hook_point`` carries while ``run()`` executes, captured by a temporary torch forward hook."""
     grabbed = {}
-    handle = norm.hook_normalized.register_forward_hook(lambda module, args, out: grabbed.__setitem__("x", out))
+    handle = hook_point.register_forward_hook(lambda module, args, out: grabbed.__setitem__("x", out))
     try:
-        norm(x)
+        run()
     finally:
         handle.remove()
     return grabbed["x"]
@@ -69,23 +77,22 @@ def _read_function(model: HookedTransformer, read_hook: str):
     layer, name = _parse(read_hook)
     block = model.blocks[layer]
 
-    def mid(x):
-        return x + attn_update(block, x)
-
     functions = {
         "hook_resid_pre": lambda x: x,
-        "hook_resid_mid": mid,
         "hook_resid_post": lambda x: block(x),
-        "ln1.hook_normalized": lambda x: _normalized(block.ln1, x),
-        "ln2.hook_normalized": lambda x: _normalized(block.ln2, mid(x)),
+        "ln1.hook_normalized": lambda x: _captured(block.ln1.hook_normalized, lambda: block.ln1(x)),
+        "ln2.hook_normalized": lambda x: _captured(block.ln2.hook_normalized, lambda: block.ln2(mlp_input(block, x))),
+        "attn.hook_z": lambda x: _captured(block.attn.hook_z, lambda: attn_update(block, x)),
     }
+    if not block.cfg.parallel_attn_mlp:
+        functions["hook_resid_mid"] = lambda x: x + attn_update(block, x)
     if name not in functions:
         raise NotImplementedError(f"The reference reads {sorted(functions)} of a block, not {name!r}.")
     return layer, functions[name]
 
 
 def _valid(tokens: torch.Tensor, skip_positions: int) -> torch.Tensor:
-    mask = torch.zeros(tokens.shape)
+    mask = torch.zeros(tokens.shape, device=tokens.device)
     mask[:, skip_positions:] = 1.0
     return mask
 
@@ -121,7 +128,7 @@ def value_direction(
                 x_in = stream[k]
                 _, out = jvp(lambda x, b=block: attn_update(b, x), (x_in,), (tangent,))
             else:
-                x_in = stream[k] + attn_update(block, stream[k])
+                x_in = mlp_input(block, stream[k])
                 _, out = jvp(lambda x, b=block: mlp_update(b, x), (x_in,), (tangent,))
             total = total + mean(out)
         return total
@@ -183,6 +190,6 @@ def query_lens_reference(
             raise ValueError(f"side must be 'value' or 'key', not {side!r}.")
         g = key_gradient(model, stream, view.read_hook, view.keys[index].to(model.cfg.dtype), mask)
         W_E = model.W_E
-        c = W_E[tokens[:, skip_positions:].reshape(-1)].mean(0)
+        c = W_E[tokens[:, skip_positions:].reshape(-1).to(W_E.device)].mean(0)
         centred = W_E - c
         return (centred / centred.norm(dim=-1, keepdim=True)) @ g

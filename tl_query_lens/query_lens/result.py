@@ -77,6 +77,7 @@ class Signatures(SavableResult):
         self._model = model
         return self
 
+    @torch.no_grad()
     def scores(self, i: int) -> Float[torch.Tensor, " d_vocab"]:
         """Full-vocabulary scores of the i-th requested feature (position in ``feature_ids``, not the feature id)."""
         if not -len(self) <= i < len(self):
@@ -145,13 +146,13 @@ def readout_scores(
     add_bias: bool,
     center: torch.Tensor | None,
 ) -> Float[torch.Tensor, "n d_vocab"]:
-    """Vocabulary scores of a few directions (see :class:`Signatures`)."""
-    directions = directions.to(model.cfg.device, model.cfg.dtype)
+    """Vocabulary scores of a few directions (see :class:`Signatures`), in fp32 whatever the model's dtype."""
+    directions = directions.to(model.W_U.device, torch.float32)
     if readout == "unembed":
-        scores = directions @ model.W_U
-        return scores + model.b_U if add_bias else scores
+        scores = directions @ model.W_U.float()
+        return scores + model.b_U.float() if add_bias else scores
     if readout == "embed":
-        return directions @ model.W_E.T
+        return directions @ model.W_E.float().T
     if readout == "embed_centred":
         if center is None:
             raise ValueError("readout 'embed_centred' needs the corpus mean embedding `center`.")
@@ -161,5 +162,5 @@ def readout_scores(
 
 def centred_embeddings(model: HookedTransformer, center: torch.Tensor) -> Float[torch.Tensor, "d_vocab d_model"]:
     """``(e_t − c)/‖e_t − c‖`` for every token t (DESIGN §5, QL_KEY)."""
-    centred = model.W_E - center.to(model.W_E)
+    centred = model.W_E.float() - center.to(model.W_E.device, torch.float32)
     return centred / centred.norm(dim=-1, keepdim=True).clamp_min(1e-12)

@@ -39,6 +39,8 @@ class Table1Config(EvaluationConfig):
         features: explicit feature ids used for every dictionary instead of a sample (None: sample).
         methods: signature methods scored (names of :data:`SIGNATURE_METHODS`).
         skip_positions / chunk / cache_dir: the Query Lens engine's options (operators kept in ``cache_dir``).
+        up_key: also score the authors' SwiGLU key (up-projection column at ``hook_resid_mid``) as LL_KEY_UP /
+            QL_KEY_UP beside LL_KEY / QL_KEY.
     """
 
     k: int = 25
@@ -48,6 +50,7 @@ class Table1Config(EvaluationConfig):
     skip_positions: int = 0
     chunk: int = 64
     cache_dir: str | None = None
+    up_key: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,8 +94,14 @@ def evaluate_table1(
         model, operator_tokens, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
     )
     sides = {SIGNATURE_METHODS[m] for m in cfg.methods}
+    up_views = {}
+    if cfg.up_key:
+        from tl_query_lens.dictionaries.key_value import as_key_value
+        from tl_query_lens.query_lens.paper_protocol import up_projection_key_view
+
+        up_views = {label: up_projection_key_view(as_key_value(d, model), model) for label, d in dictionaries.items()}
     lens.precompute(
-        list(dictionaries.values()),
+        list(dictionaries.values()) + list(up_views.values()),
         value_methods={m for s, m in sides if s == "value"},
         key_methods={m for s, m in sides if s == "key"},
     )
@@ -108,6 +117,10 @@ def evaluate_table1(
             features = torch.randperm(d_sae, generator=gen)[: cfg.features_per_layer].sort().values
         signatures = lens.signature_set(dictionary, features, k=cfg.k, methods=cfg.methods)
         methods = {name: sig.top_ids for name, sig in signatures.items()}
+        if label in up_views:
+            up = up_views[label]
+            methods["LL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="logit_lens").top_ids
+            methods["QL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="full").top_ids
         contexts = max_activating_contexts(model, dictionary, evaluation_tokens, n_contexts=cfg.n_contexts)
         parts.append(
             evaluate_signatures(

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.errors import check_dictionary_finite, check_finite, check_outputs
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.readout.states import check_state
 from tl_query_lens.results import SavableResult
@@ -102,8 +103,11 @@ def check_alpha(alpha: torch.Tensor, d_vocab: int) -> torch.Tensor:
         raise ValueError(
             f"alpha must have shape ({d_vocab},) (one coefficient per vocabulary row), got {tuple(alpha.shape)}."
         )
-    if not torch.isfinite(alpha).all():
-        raise ValueError("alpha contains NaN or inf.")
+    check_finite(
+        alpha,
+        "score coefficients alpha",
+        hint="Build alpha with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor.",
+    )
     return alpha
 
 
@@ -130,6 +134,9 @@ def decompose(
         n_label: top unembedding rows per feature label.
         dtype: accumulation dtype (float64 keeps the identity at ~1e-12 relative).
     """
+    check_dictionary_finite(
+        sae, {"W_dec": sae.W_dec, "b_dec": sae.b_dec, "code_values": sae.code_values, "row_norms": sae.row_norms}
+    )
     rows = _rows_for(sae, model)
     h = check_state(h, sae.cfg.d_in)
     alpha = check_alpha(alpha, sae.cfg.d_vocab).to(rows.device)
@@ -162,6 +169,7 @@ def decompose(
         projections=proj,
         alpha_sum=alpha_sum,
     )
+    check_outputs(result, "decompose", hint="The LM-head rows passed as model= hold NaN/inf.")
     if single:
         tokenizer = (
             getattr(model, "tokenizer", None) if model is not None and not isinstance(model, torch.Tensor) else None

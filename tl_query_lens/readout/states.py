@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Float, Int
 from tqdm import tqdm
 
+from tl_query_lens.errors import NonFiniteError
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.results import SavableResult
 
@@ -75,7 +76,9 @@ def check_state(h: torch.Tensor, d_model: int) -> torch.Tensor:
             f"states h̃ = LN_f(resid) (or a lens output) of the model the dictionary was fitted to."
         )
     if not torch.isfinite(h).all():
-        raise ValueError("h contains NaN or inf; decode states from a finite forward pass (check the lens / dtype).")
+        raise NonFiniteError(
+            "h contains NaN or inf; decode states from a finite forward pass (check the lens / dtype)."
+        )
     return h
 
 

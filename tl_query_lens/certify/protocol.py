@@ -1,0 +1,273 @@
+"""Certification under a named protocol: the paper's (arXiv 2606.18383, authors' released code) or this project's.
+
+``"paper"`` (newcodevelop/sparse-lens-certification, checked):
+  * evaluation data = one window per document (i.i.d. draws, as Hoeffding needs; the paper: one 32-token window per
+    C4 document), so N is at most the number of documents in the evaluation split;
+  * the headline total bound is the Occam variant (ln C(m, P) in the first Hoeffding term — the paper's Llama
+    layer-30 ≈ 13.7 bits at N = 10k is this one);
+  * beside it the direct bound on the clean model, R̂(M) + Δ√(ln(1/δ)/2N), which shows what the proxy costs;
+  * the shuffle ablation's gap is |ℓ(S∘M) − ℓ(M)| (densities), not the signed gap.
+``"fixed-pool"`` (this project's default for ``tlql certify``): windows cut from the split's concatenated token
+  stream (several per document), headline = the fixed-pool bound U, signed gaps.
+Both report N* twice: the closed form (A/(log₂|V| − C))² and the first point of the N schedule below log₂|V|.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+from sae_lens import SAE
+from transformer_lens import HookedTransformer
+
+from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
+from tl_query_lens.certify.certify import Certificate
+from tl_query_lens.certify.losses import Rule
+from tl_query_lens.results import SavableResult
+
+logger = logging.getLogger(__name__)
+
+CertifyProtocol = Literal["paper", "fixed-pool"]
+HEADLINE: dict[str, str] = {"paper": "bound_occam", "fixed-pool": "bound"}
+
+
+def direct_bound(loss_clean: torch.Tensor, *, delta_bits: float, delta: float) -> float:
+    """R̂(M) + Δ√(ln(1/δ)/2N): one Hoeffding term on the clean model's own losses (the authors' ``Direct_U_M``)."""
+    n = int(loss_clean.shape[0])
+    return loss_clean.double().mean().item() + delta_bits * math.sqrt(math.log(1 / delta) / (2 * n))
+
+
+def closed_form_n_star(constant: float, coefficient: float, baseline_bits: float) -> float:
+    """N* = (A/(log₂|V| − C))², the real-valued N where C + A/√N meets log₂|V| (inf when C ≥ log₂|V|)."""
+    return math.inf if constant >= baseline_bits else (coefficient / (baseline_bits - constant)) ** 2
+
+
+def schedule_n_star(curve_n: list[int], curve_bound: list[float], baseline_bits: float) -> int | None:
+    """The first N of the evaluated schedule with a bound below log₂|V| (None when none is)."""
+    return next((int(n) for n, u in zip(curve_n, curve_bound) if u < baseline_bits), None)
+
+
+def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | bool]:
+    """Every reported scalar of one certificate, both bound variants, the direct bound and both N* readings."""
+    constant = cert.R_hat + cert.eps_hat + cert.Delta * cert.eta_hat
+    log_choose = log_binomial(cert.m, cert.P)
+    a = hoeffding_coefficient(cert.Delta, delta)
+    a_occam = hoeffding_coefficient(cert.Delta, delta, log_choose=log_choose)
+    gap = cert.gap.double()
+    return {
+        "N": cert.N,
+        "P": cert.P,
+        "m": cert.m,
+        "log_choose": log_choose,
+        "R_hat": cert.R_hat,
+        "eps_hat": cert.eps_hat,
+        "eta_hat": cert.eta_hat,
+        "Delta": cert.Delta,
+        "bound": cert.bound,
+        "bound_occam": cert.bound_occam,
+        "R_hat_clean": cert.loss_clean.double().mean().item(),
+        "bound_direct": direct_bound(cert.loss_clean, delta_bits=cert.Delta, delta=delta),
+        "baseline_bits": cert.baseline_bits,
+        "nontrivial": cert.nontrivial,
+        "nontrivial_occam": cert.nontrivial_occam,
+        "N_star_closed_form": closed_form_n_star(constant, a, cert.baseline_bits),
+        "N_star_closed_form_occam": closed_form_n_star(constant, a_occam, cert.baseline_bits),
+        "N_star_schedule": schedule_n_star(cert.curve_N, cert.curve_bound, cert.baseline_bits),
+        "N_star_schedule_occam": schedule_n_star(cert.curve_N, cert.curve_bound_occam, cert.baseline_bits),
+        "gap_mean": gap.mean().item(),
+        "abs_gap_mean": gap.abs().mean().item(),
+        "kl_bits": cert.kl_bits,
+        "top1_agreement": cert.top1_agreement,
+    }
+
+
+def abs_gap_densities(gaps: list[torch.Tensor], *, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Histogram densities of |gap| on shared edges from 0 to the largest |gap| (each row integrates to 1)."""
+    top = max(float(g.abs().max()) for g in gaps) if gaps else 1.0
+    edges = torch.linspace(0.0, max(top, 1e-12), bins + 1, dtype=torch.float64)
+    width = edges[1] - edges[0]
+    rows = []
+    for g in gaps:
+        counts = torch.histc(g.abs().double(), bins=bins, min=0.0, max=float(edges[-1]))
+        rows.append(counts / (counts.sum() * width))
+    return edges, torch.stack(rows) if rows else torch.zeros(0, bins, dtype=torch.float64)
+
+
+@dataclass
+class ProtocolCertifyConfig:
+    """Options of :func:`certify_protocol`.
+
+    Attributes:
+        protocol: ``"paper"`` or ``"fixed-pool"`` (module docstring).
+        n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream).
+        n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (fixed-pool).
+        seq_len: tokens per window. k / delta / alpha / rule / batch_size: as in :func:`certify`.
+        shuffle: add the feature-shuffle ablation for every proxy. seed: corpus draws and the shuffle permutation.
+        bins: bins of the |gap| densities.
+    """
+
+    protocol: CertifyProtocol = "paper"
+    n_cal: int = 1000
+    n_eval: int | None = None
+    seq_len: int = 32
+    k: int = 64
+    delta: float = 0.05
+    alpha: float = 0.5
+    rule: Rule = "topk"
+    batch_size: int = 16
+    shuffle: bool = False
+    seed: int = 0
+    bins: int = 40
+
+    def __post_init__(self) -> None:
+        if self.protocol not in HEADLINE:
+            raise ValueError(f"protocol must be one of {sorted(HEADLINE)}, got {self.protocol!r}.")
+        if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
+            raise ValueError("bins, n_cal and n_eval must be positive.")
+
+
+@dataclass
+class ProtocolCertification(SavableResult):
+    """Certificates of several proxies under one protocol.
+
+    Attributes:
+        protocol: which protocol. headline: the row key of the bound this protocol reports (``bound_occam`` for the
+            paper, ``bound`` for fixed-pool).
+        labels: proxy labels, in row order.
+        rows: per proxy, :func:`protocol_row` of the real proxy (+ ``shuffled_*`` keys with the ablation).
+        n_documents: documents in the evaluation split. n_eligible: those long enough for one window (paper).
+        one_window_per_document: whether the evaluation windows come from distinct documents.
+        abs_gap_edges / abs_gap_density / abs_gap_density_shuffled: |gap| densities per proxy on shared edges.
+    """
+
+    protocol: str
+    headline: str
+    labels: list[str]
+    rows: list[dict[str, Any]]
+    n_documents: int | None
+    n_eligible: int | None
+    one_window_per_document: bool
+    abs_gap_edges: torch.Tensor
+    abs_gap_density: torch.Tensor
+    abs_gap_density_shuffled: torch.Tensor
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for row in self.rows:  # JSON stores inf as a string
+            for key, value in row.items():
+                if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+                    row[key] = float(value)
+
+    def headline_bounds(self) -> dict[str, float]:
+        """label → the headline bound of this protocol."""
+        return {label: float(row[self.headline]) for label, row in zip(self.labels, self.rows)}
+
+
+def summarise(
+    certificates: Mapping[str, Certificate],
+    shuffled: Mapping[str, Certificate],
+    *,
+    cfg: ProtocolCertifyConfig,
+    n_documents: int | None = None,
+    n_eligible: int | None = None,
+    one_window_per_document: bool = False,
+) -> ProtocolCertification:
+    """Build the protocol's result from finished certificates (no model needed)."""
+    labels = [str(label) for label in certificates]
+    rows = []
+    for label, cert in certificates.items():
+        row = protocol_row(cert, delta=cfg.delta)
+        if label in shuffled:
+            row.update({f"shuffled_{k}": v for k, v in protocol_row(shuffled[label], delta=cfg.delta).items()})
+        rows.append(row)
+    edges, density = abs_gap_densities([c.gap for c in certificates.values()], bins=cfg.bins)
+    shuffled_gaps = [shuffled[label].gap for label in certificates if label in shuffled]
+    if shuffled_gaps:
+        edges, both = abs_gap_densities([c.gap for c in certificates.values()] + shuffled_gaps, bins=cfg.bins)
+        density, density_shuffled = both[: len(labels)], both[len(labels) :]
+    else:
+        density_shuffled = torch.zeros(0, cfg.bins, dtype=torch.float64)
+    return ProtocolCertification(
+        protocol=cfg.protocol,
+        headline=HEADLINE[cfg.protocol],
+        labels=labels,
+        rows=rows,
+        n_documents=n_documents,
+        n_eligible=n_eligible,
+        one_window_per_document=one_window_per_document,
+        abs_gap_edges=edges,
+        abs_gap_density=density,
+        abs_gap_density_shuffled=density_shuffled,
+        config=dict(vars(cfg)),
+    )
+
+
+def certify_protocol(
+    model: HookedTransformer,
+    saes_by_label: Mapping[str, SAE],
+    corpus: Any = "embedded",
+    *,
+    cfg: ProtocolCertifyConfig | None = None,
+    **overrides: Any,
+) -> ProtocolCertification:
+    """Certify each dictionary under ``cfg.protocol`` (default ``"paper"``); all proxies share one clean pass.
+
+    Args:
+        model: the frozen model (needs a tokenizer: the windows are drawn from ``corpus`` here).
+        saes_by_label: label → dictionary (SAELens SAE, transcoder or FF-KV).
+        corpus: a corpus source as for :func:`~tl_query_lens.corpus.load_corpus`.
+        cfg: options; keywords override its fields.
+
+    Raises:
+        ValueError: ``n_eval`` larger than the documents the paper protocol can draw from (the message gives the
+            count), or any error of :func:`~tl_query_lens.certify.certify.certify`.
+    """
+    from tl_query_lens.certify.sweep import certify_layers
+    from tl_query_lens.corpus import load_corpus
+    from tl_query_lens.documents import one_window_per_document
+
+    cfg = replace(cfg or ProtocolCertifyConfig(), **overrides)
+    cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
+    n_documents = n_eligible = None
+    if cfg.protocol == "paper":
+        windows = one_window_per_document(
+            corpus, model, n_seqs=cfg.n_eval, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
+        )
+        ev, n_documents, n_eligible = windows.tokens, windows.n_documents, windows.n_eligible
+        logger.info(
+            "paper protocol: %d evaluation windows, one from each of %d distinct documents (the split holds "
+            "%d documents, %d long enough)",
+            ev.shape[0],
+            ev.shape[0],
+            n_documents,
+            n_eligible,
+        )
+    else:
+        ev = load_corpus(
+            corpus, model, n_seqs=cfg.n_eval or 1000, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
+        )
+    sweep = certify_layers(
+        model,
+        dict(saes_by_label),
+        cal,
+        ev,
+        k=cfg.k,
+        delta=cfg.delta,
+        alpha=cfg.alpha,
+        rule=cfg.rule,
+        batch_size=cfg.batch_size,
+        shuffle=cfg.shuffle,
+        seed=cfg.seed,
+    )
+    return summarise(
+        sweep.certificates,
+        sweep.shuffled,
+        cfg=cfg,
+        n_documents=n_documents,
+        n_eligible=n_eligible,
+        one_window_per_document=cfg.protocol == "paper",
+    )

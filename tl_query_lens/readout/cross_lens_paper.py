@@ -1,0 +1,306 @@
+"""Cross-lens check on a prompt bank, under the Sparse Readout Prism authors' protocol or this project's (DESIGN §6).
+
+Two Jacobian lenses h̃ = LN_f(M_l h) (``M_l`` fitted on two corpora) decode the same frozen final-position residuals of
+a bank of prompts whose answer is one token. Per prompt, lens and layer, a score is decomposed into readout features
+and its dominant feature is argmax_i |c_i| over the row's active features (the μ term is not a feature).
+
+``protocol="paper"`` (hematteo/sparse-readout-prism, checked): the score is the logit of ONE FIXED token, the same
+under both lenses (the bank's expected answer, or the model's own top-1); a prompt passes when the same feature
+dominates on at least ``min_votes`` (2) of the mid-band layers (4); nulls: the answer vs an unrelated token within
+lens A, and prompt i under lens A vs prompt j (another concept) under lens B, three seeded draws per prompt; controls
+are reported apart from the headline; Wilson intervals.
+``protocol="own-top1"`` (this project's ``cross_lens_check``): each lens scores its OWN top-1 token against the
+vocabulary mean, per layer, no vote — a harder test, since the two lenses may pick different tokens.
+Both are computed on the same states and lenses; ``protocol`` picks the headline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+
+from tl_query_lens.readout.cross_lens import jacobian_lens
+from tl_query_lens.readout.decompose import decompose, token_logit, vocab_mean_contrast
+from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
+from tl_query_lens.results import SavableResult
+
+CrossLensProtocol = Literal["paper", "own-top1"]
+BANK_FILE = "cross_lens_prompts_en.json"
+# The authors' mid band on their model is layers 21/24/26/29 (late-middle); the same depth fractions here.
+MID_BAND_FRACTIONS = (0.68, 0.77, 0.84, 0.94)
+
+
+def load_prompt_bank(path: str | None = None) -> list[dict[str, Any]]:
+    """The prompt bank: the package's English bank (92 prompts: 80 in 7 families + 12 controls) or a JSON file of the
+    same schema (``{"prompts": [{id, group, concept, prompt, answer, null_targets}]}``)."""
+    if path is None:
+        text = resources.files("tl_query_lens.readout").joinpath("data", BANK_FILE).read_text(encoding="utf-8")
+    else:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    prompts = json.loads(text)["prompts"]
+    ids = [p["id"] for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"Duplicate prompt ids in the bank: {sorted({i for i in ids if ids.count(i) > 1})}.")
+    return prompts
+
+
+def mid_band_layers(n_layers: int) -> list[int]:
+    """Four late-middle layers at the depth fractions of the authors' band (30 layers → 20, 22, 24, 27)."""
+    return sorted({round((n_layers - 1) * f) for f in MID_BAND_FRACTIONS})
+
+
+def dominant_active(
+    contributions: Float[torch.Tensor, "n d_sae"], beta: Float[torch.Tensor, " d_sae"]
+) -> Int[torch.Tensor, " n"]:
+    """argmax_i |c_i| over the active features (β_i ≠ 0); -1 where no feature is active."""
+    active = beta != 0
+    if not bool(active.any()):
+        return torch.full((contributions.shape[0],), -1, dtype=torch.long)
+    masked = contributions.abs().masked_fill(~active, -1.0)
+    return masked.argmax(-1)
+
+
+def majority_same(
+    dom_a: Int[torch.Tensor, "... layer"], dom_b: Int[torch.Tensor, "... layer"], *, min_votes: int
+) -> torch.Tensor:
+    """True where the same feature (≠ -1) dominates on at least ``min_votes`` layers (the last axis)."""
+    same = (dom_a == dom_b) & (dom_a >= 0)
+    return same.sum(-1) >= min_votes
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    """Wilson score interval [low, high] of k successes in n (the authors' interval)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p, d = k / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+@dataclass
+class CrossLensConfig:
+    """Options of :func:`cross_lens_prompts`.
+
+    Attributes:
+        protocol: ``"paper"`` or ``"own-top1"`` (the headline; both are computed).
+        layers: the mid band (default :func:`mid_band_layers`).
+        target: the fixed token of the paper protocol: ``"answer"`` (the bank's) or ``"model-top1"`` (the model's own
+            next-token prediction on the prompt).
+        min_votes: layers that must agree (the authors: 2 of 4).
+        n_shuffle: shuffled-pairing draws per prompt. seed: their seed.
+    """
+
+    protocol: CrossLensProtocol = "paper"
+    layers: list[int] | None = None
+    target: Literal["answer", "model-top1"] = "answer"
+    min_votes: int = 2
+    n_shuffle: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("paper", "own-top1"):
+            raise ValueError(f"protocol must be 'paper' or 'own-top1', got {self.protocol!r}.")
+        if self.target not in ("answer", "model-top1"):
+            raise ValueError(f"target must be 'answer' or 'model-top1', got {self.target!r}.")
+        if self.min_votes < 1:
+            raise ValueError("min_votes must be >= 1.")
+
+
+@dataclass
+class CrossLensPromptResult(SavableResult):
+    """Cross-lens agreement on a prompt bank under both definitions.
+
+    Attributes:
+        protocol: which definition is the headline; ``headline`` / ``headline_ci`` its value (Wilson interval).
+        layers: the mid band. min_votes: the vote threshold. n_prompts / n_controls: prompts scored.
+        paper_agreement: share of non-control prompts passing the vote (fixed token); ``paper_agreement_ci``.
+        control_agreement: the same on the controls.
+        null_unrelated: vote agreement of the answer vs an unrelated token within lens A.
+        null_shuffled: vote agreement of prompt i (lens A) vs prompt j of another concept (lens B).
+        own_top1_agreement: per (prompt, layer), share with the same dominant feature when each lens scores its own
+            top-1 against the vocabulary mean (this project's definition), non-control prompts.
+        own_top1_tokens_differ: share of (prompt, layer) whose two lens top-1 tokens differ.
+        model_top1_is_answer: share of prompts where the clean model's next token is the bank's answer.
+        per_group: group → {"pass", "n", "rate"}.
+        ids / groups: prompt order. target_tokens: the fixed token per prompt.
+        dominant_a / dominant_b: [prompt, layer] dominant features of the fixed token under lens A / B.
+        passes: [prompt] vote result.
+    """
+
+    protocol: str
+    headline: float
+    headline_ci: list[float]
+    layers: list[int]
+    min_votes: int
+    n_prompts: int
+    n_controls: int
+    paper_agreement: float
+    paper_agreement_ci: list[float]
+    control_agreement: float
+    null_unrelated: float
+    null_shuffled: float
+    own_top1_agreement: float
+    own_top1_tokens_differ: float
+    model_top1_is_answer: float
+    per_group: dict[str, dict[str, float]]
+    ids: list[str]
+    groups: list[str]
+    target_tokens: torch.Tensor
+    dominant_a: torch.Tensor
+    dominant_b: torch.Tensor
+    passes: torch.Tensor
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def final_residuals(model, prompts: list[str | list[int]], hooks: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residuals at the final position of each prompt ``[prompt, hook, d_model]`` and the clean model's next token.
+
+    A prompt is a string (tokenized with ``model.to_tokens``, BOS prepended as the model does) or a list of token ids.
+    """
+    resid, top1 = [], []
+    for text in prompts:
+        tokens = torch.tensor([text]) if isinstance(text, list) else model.to_tokens(text)
+        logits, cache = model.run_with_cache(tokens, names_filter=hooks)
+        resid.append(torch.stack([cache[h][0, -1] for h in hooks]))
+        top1.append(int(logits[0, -1].argmax()))
+    return torch.stack(resid).float(), torch.tensor(top1)
+
+
+def _first_token(model, text: str | int) -> int:
+    if isinstance(text, int):
+        return text
+    ids = model.tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise ValueError(f"{text!r} encodes to no tokens; give every bank answer and null a non-empty string.")
+    return int(ids[0])
+
+
+def _dominant(sae: ReadoutSAE, rows: torch.Tensor, h: torch.Tensor, alpha: torch.Tensor) -> int:
+    dec = decompose(sae, h, alpha, model=rows, n_top=0)
+    return int(dominant_active(dec.contributions, dec.beta)[0])
+
+
+@torch.no_grad()
+def cross_lens_prompts(
+    sae: ReadoutSAE,
+    model,
+    operators_a: dict[int, torch.Tensor],
+    operators_b: dict[int, torch.Tensor],
+    bank: list[dict[str, Any]] | None = None,
+    *,
+    cfg: CrossLensConfig | None = None,
+    **overrides: Any,
+) -> CrossLensPromptResult:
+    """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (DESIGN §6, module docstring.)
+
+    Args:
+        sae: readout SAE of ``model``.
+        model: the model (tokenizer, LN_f, W_U).
+        operators_a / operators_b: layer → value operator M_l (``value_operators(...)["blocks.l.hook_resid_post"]``)
+            fitted on two corpora; must cover ``cfg.layers``.
+        bank: prompts (default :func:`load_prompt_bank`).
+        cfg: options; keywords override its fields.
+    """
+    cfg = replace(cfg or CrossLensConfig(), **overrides)
+    check_compatible(sae, model)
+    bank = bank if bank is not None else load_prompt_bank()
+    layers = cfg.layers or mid_band_layers(model.cfg.n_layers)
+    missing = [layer for layer in layers if layer not in operators_a or layer not in operators_b]
+    if missing:
+        raise KeyError(
+            f"Layers {missing} have no operator in both lenses; fit value_operators at "
+            f"{[f'blocks.{layer}.hook_resid_post' for layer in missing]} on both corpora."
+        )
+    if cfg.min_votes > len(layers):
+        raise ValueError(f"min_votes={cfg.min_votes} exceeds the {len(layers)} layers of the band.")
+    rows = unembedding_rows(model)
+    b_U = model.b_U.detach().float()
+    V = model.cfg.d_vocab
+    hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
+    resid, model_top1 = final_residuals(model, [p["prompt"] for p in bank], hooks)
+    answers = torch.tensor([_first_token(model, p["answer"]) for p in bank])
+    targets = answers if cfg.target == "answer" else model_top1
+    nulls = [[_first_token(model, t) for t in p.get("null_targets", [])] for p in bank]
+    lens_a = {layer: jacobian_lens(model, operators_a[layer]) for layer in layers}
+    lens_b = {layer: jacobian_lens(model, operators_b[layer]) for layer in layers}
+    n, n_layers = len(bank), len(layers)
+    dom_a = torch.full((n, n_layers), -1, dtype=torch.long)
+    dom_b = torch.full_like(dom_a, -1)
+    own_same = torch.zeros(n, n_layers, dtype=torch.bool)
+    own_differ = torch.zeros_like(own_same)
+    null_dom = [[[-1] * n_layers for _ in p] for p in nulls]
+    for j, layer in enumerate(layers):
+        h_a = lens_a[layer](resid[:, j].to(rows)).float()
+        h_b = lens_b[layer](resid[:, j].to(rows)).float()
+        top_a = (h_a @ rows.T + b_U).argmax(-1)
+        top_b = (h_b @ rows.T + b_U).argmax(-1)
+        for i in range(n):
+            t = int(targets[i])
+            dom_a[i, j] = _dominant(sae, rows, h_a[i], token_logit(t, V))
+            dom_b[i, j] = _dominant(sae, rows, h_b[i], token_logit(t, V))
+            for m, null in enumerate(nulls[i]):
+                null_dom[i][m][j] = _dominant(sae, rows, h_a[i], token_logit(null, V))
+            own_a = _dominant(sae, rows, h_a[i], vocab_mean_contrast(int(top_a[i]), V))
+            own_b = _dominant(sae, rows, h_b[i], vocab_mean_contrast(int(top_b[i]), V))
+            own_same[i, j] = own_a == own_b
+            own_differ[i, j] = bool(top_a[i] != top_b[i])
+    passes = majority_same(dom_a, dom_b, min_votes=cfg.min_votes)
+    groups = [p["group"] for p in bank]
+    is_ctrl = torch.tensor([g.startswith("ctrl_") for g in groups])
+    main = ~is_ctrl
+    k, m = int(passes[main].sum()), int(main.sum())
+    null_hits = [
+        bool(majority_same(dom_a[i], torch.tensor(d), min_votes=cfg.min_votes))
+        for i in range(n)
+        if main[i]
+        for d in null_dom[i]
+    ]
+    rng = random.Random(cfg.seed)
+    main_ids = [i for i in range(n) if main[i]]
+    shuffle_hits = []
+    for i in main_ids:
+        others = [o for o in main_ids if bank[o]["concept"] != bank[i]["concept"]]
+        for o in rng.sample(others, min(cfg.n_shuffle, len(others))):
+            shuffle_hits.append(bool(majority_same(dom_a[i], dom_b[o], min_votes=cfg.min_votes)))
+    per_group = {}
+    for g in sorted(set(groups)):
+        sel = torch.tensor([x == g for x in groups])
+        per_group[g] = {"pass": int(passes[sel].sum()), "n": int(sel.sum()), "rate": passes[sel].float().mean().item()}
+    paper = k / m if m else float("nan")
+    own = own_same[main].float().mean().item() if m else float("nan")
+    headline, ci = (paper, wilson(k, m)) if cfg.protocol == "paper" else (own, [float("nan"), float("nan")])
+    return CrossLensPromptResult(
+        protocol=cfg.protocol,
+        headline=headline,
+        headline_ci=ci,
+        layers=list(layers),
+        min_votes=cfg.min_votes,
+        n_prompts=m,
+        n_controls=int(is_ctrl.sum()),
+        paper_agreement=paper,
+        paper_agreement_ci=wilson(k, m),
+        control_agreement=passes[is_ctrl].float().mean().item() if is_ctrl.any() else float("nan"),
+        null_unrelated=sum(null_hits) / len(null_hits) if null_hits else float("nan"),
+        null_shuffled=sum(shuffle_hits) / len(shuffle_hits) if shuffle_hits else float("nan"),
+        own_top1_agreement=own,
+        own_top1_tokens_differ=own_differ[main].float().mean().item() if m else float("nan"),
+        model_top1_is_answer=(model_top1 == answers).float().mean().item(),
+        per_group=per_group,
+        ids=[p["id"] for p in bank],
+        groups=groups,
+        target_tokens=targets,
+        dominant_a=dom_a,
+        dominant_b=dom_b,
+        passes=passes,
+        config=dict(vars(cfg)) | {"layers": list(layers)},
+    )

@@ -1,0 +1,279 @@
+"""Quality of each trained dictionary on the evaluation split: L0, alive share, EV, CE-loss recovered, KL.
+
+CE-loss recovered = (CE_zero − CE_splice) / (CE_zero − CE_clean), with CE_zero the loss when the dictionary's
+write hook is zero-ablated (the residual stream at ``blocks.L.hook_resid_post`` for an SAE, the MLP output
+``blocks.L.hook_mlp_out`` for a transcoder). The statistics are those of
+:func:`tl_query_lens.dictionaries.splice.splice_metrics` (tests check that both agree on the same dictionary), but
+computed for every dictionary from ONE clean forward pass per batch: the splice and the ablation restart the model at
+block L+1 (``start_at_layer``) from the edited residual, instead of rerunning the whole model per dictionary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from sae_lens import SAE, HookedSAETransformer
+from tqdm.auto import tqdm
+
+from tl_query_lens.dictionaries.splice import _ce_sum
+from tl_query_lens.results import SavableResult
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = [
+    "sae_id",
+    "kind",
+    "layer",
+    "d_sae",
+    "mean_l0",
+    "alive_rate",
+    "dead_rate",
+    "explained_variance",
+    "ce_clean",
+    "ce_spliced",
+    "ce_zero",
+    "ce_recovered",
+    "kl",
+    "n_tokens",
+]
+
+
+@dataclass
+class SAEReportConfig:
+    """Evaluation tokens of the report.
+
+    Attributes:
+        corpus: corpus source; its evaluation split is used (disjoint from training by document hash).
+        n_seqs: evaluation sequences.
+        seq_len: tokens per sequence.
+        seed: which windows are drawn.
+        batch_size: sequences per forward pass.
+    """
+
+    corpus: str = "stdlib"
+    n_seqs: int = 64
+    seq_len: int = 128
+    seed: int = 0
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.n_seqs < 1 or self.seq_len < 2 or self.batch_size < 1:
+            raise ValueError("n_seqs and batch_size must be >= 1 and seq_len >= 2 (CE needs a next token).")
+
+
+@dataclass
+class SuiteQuality(SavableResult):
+    """One row per dictionary (keys: :data:`COLUMNS`), plus the run's facts."""
+
+    rows: list[dict[str, Any]]
+    n_tokens: int
+    seconds: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, sae_id: str) -> dict[str, Any]:
+        for row in self.rows:
+            if row["sae_id"] == sae_id:
+                return row
+        raise KeyError(f"No row {sae_id!r}; rows: {[r['sae_id'] for r in self.rows]}.")
+
+    def markdown(self) -> str:
+        """The table as Markdown (the columns of docs/saes.md)."""
+        head = "| id | L0 | alive (eval) | alive (train window) | EV | CE clean | CE splice | CE zero | CE recovered | KL |"
+        lines = [head, "|" + "---|" * 10]
+        for r in self.rows:
+            window = f"{r['alive_train_window']:.1%}" if "alive_train_window" in r else "–"
+            lines.append(
+                f"| `{r['sae_id']}` | {r['mean_l0']:.1f} | {r['alive_rate']:.1%} | {window} | "
+                f"{r['explained_variance']:.3f} | {r['ce_clean']:.3f} | {r['ce_spliced']:.3f} | "
+                f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |"
+            )
+        return "\n".join(lines)
+
+
+def _write_hook(sae: SAE) -> str:
+    meta = sae.cfg.metadata
+    return meta.hook_name_out or meta.hook_name
+
+
+def _layer(sae: SAE) -> int:
+    from tl_query_lens.hooks import hook_layer
+
+    layer = hook_layer(_write_hook(sae))
+    if layer is None:
+        raise ValueError(f"{_write_hook(sae)!r} is not inside a block; the report splices at blocks.L hooks only.")
+    return layer
+
+
+def _residual_after(sae: SAE, cache, written: torch.Tensor) -> torch.Tensor:
+    """The residual after block L when the write hook carries ``written``."""
+    hook = _write_hook(sae)
+    layer = _layer(sae)
+    if hook == f"blocks.{layer}.hook_resid_post":
+        return written
+    if hook == f"blocks.{layer}.hook_mlp_out":
+        return cache[f"blocks.{layer}.hook_resid_mid"] + written
+    raise ValueError(f"The report splices at hook_resid_post or hook_mlp_out, not {hook!r}.")
+
+
+@torch.no_grad()
+def suite_quality(
+    model: HookedSAETransformer,
+    saes: dict[str, SAE],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    batch_size: int = 8,
+) -> SuiteQuality:
+    """Quality of every dictionary in ``saes`` (id → SAE) on ``tokens``; one clean forward pass per batch."""
+    from tl_query_lens.hooks import check_hook
+
+    if tokens.numel() == 0 or tokens.shape[1] < 2:
+        raise ValueError(
+            "Need at least one sequence of >= 2 tokens; load them with load_corpus(..., split='evaluation')."
+        )
+    start = time.perf_counter()
+    needed: set[str] = set()
+    for sae in saes.values():
+        layer = _layer(sae)
+        needed |= {sae.cfg.metadata.hook_name, _write_hook(sae), f"blocks.{layer}.hook_resid_mid"}
+    for hook in needed:
+        check_hook(model, hook)
+    stats = {
+        sid: {
+            "fired": torch.zeros(sae.cfg.d_sae, dtype=torch.bool),
+            "l0": 0.0,
+            "sse": 0.0,
+            "y_sum": 0.0,
+            "y_sq": 0.0,
+            "ce_spliced": 0.0,
+            "ce_zero": 0.0,
+            "kl": 0.0,
+        }
+        for sid, sae in saes.items()
+    }
+    ce_clean = 0.0
+    n_tok = 0
+    device = next(model.parameters()).device
+    for begin in tqdm(range(0, tokens.shape[0], batch_size), desc="report batches"):
+        batch = tokens[begin : begin + batch_size].to(device)
+        logits, cache = model.run_with_cache(batch, names_filter=sorted(needed))
+        ce_clean += _ce_sum(logits, batch)
+        logp = logits.log_softmax(-1)
+        n_tok += batch.numel()
+        for sid, sae in saes.items():
+            s = stats[sid]
+            x, y = cache[sae.cfg.metadata.hook_name], cache[_write_hook(sae)]
+            acts = sae.encode(x)
+            y_hat = sae.decode(acts).to(y.dtype)
+            nonzero = acts != 0
+            s["fired"] |= nonzero.reshape(-1, sae.cfg.d_sae).any(0).cpu()
+            s["l0"] += nonzero.sum().item()
+            s["sse"] += (y - y_hat).pow(2).sum().item()
+            s["y_sum"] = s["y_sum"] + y.reshape(-1, y.shape[-1]).double().sum(0)
+            s["y_sq"] += y.double().pow(2).sum().item()
+            restart = _layer(sae) + 1
+            spliced = model(_residual_after(sae, cache, y_hat), start_at_layer=restart)
+            zeroed = model(_residual_after(sae, cache, torch.zeros_like(y)), start_at_layer=restart)
+            s["ce_spliced"] += _ce_sum(spliced, batch)
+            s["ce_zero"] += _ce_sum(zeroed, batch)
+            logq = spliced.log_softmax(-1)
+            s["kl"] += (logp.exp() * (logp - logq)).sum().item()
+    n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
+    rows = []
+    for sid, sae in saes.items():
+        s = stats[sid]
+        sst = s["y_sq"] - (s["y_sum"].pow(2).sum() / n_tok).item()
+        clean, spliced, zero = ce_clean / n_pred, s["ce_spliced"] / n_pred, s["ce_zero"] / n_pred
+        alive = s["fired"].float().mean().item()
+        rows.append(
+            {
+                "sae_id": sid,
+                "kind": "transcoder" if sae.cfg.metadata.hook_name_out else "sae",
+                "layer": _layer(sae),
+                "d_sae": sae.cfg.d_sae,
+                "mean_l0": s["l0"] / n_tok,
+                "alive_rate": alive,
+                "dead_rate": 1.0 - alive,
+                "explained_variance": 1.0 - s["sse"] / max(sst, 1e-30),
+                "ce_clean": clean,
+                "ce_spliced": spliced,
+                "ce_zero": zero,
+                "ce_recovered": (zero - spliced) / (zero - clean) if zero != clean else float("nan"),
+                "kl": s["kl"] / n_tok,
+                "n_tokens": n_tok,
+            }
+        )
+    return SuiteQuality(rows=rows, n_tokens=n_tok, seconds=time.perf_counter() - start)
+
+
+def load_suite(model_name: str, ids: list[str] | None = None, *, device: str = "cpu") -> dict[str, SAE]:
+    """The trained dictionaries of ``tlql-saes-<model_name>`` through ``SAE.from_pretrained`` (all, or ``ids``)."""
+    from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+
+    from tl_query_lens.saes.registry import SAES_RELEASES
+
+    release = SAES_RELEASES.release_name(model_name)
+    SAES_RELEASES.register()
+    lookup = get_pretrained_saes_directory().get(release)
+    if lookup is None:
+        raise FileNotFoundError(f"No release {release!r}; train it with `tlql saes train --model {model_name}`.")
+    valid = list(lookup.saes_map)
+    unknown = [i for i in ids or [] if i not in valid]
+    if unknown:
+        raise KeyError(f"Unknown dictionary ids {unknown} for {release}; valid ids: {valid}.")
+    return {sid: SAE.from_pretrained(release, sid, device=device) for sid in (ids or valid)}
+
+
+def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
+    """Alive share over the last sparsity window of training (SAELens' ``sparsity.safetensors`` of the newest
+    checkpoint: log10 firing frequency, -10 = never fired), a larger sample than a small evaluation set."""
+    from safetensors.torch import load_file
+
+    checkpoints = sorted(
+        (p for p in (folder / ".train" / "checkpoints").glob("*") if p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    if not checkpoints:
+        return
+    for row in quality.rows:
+        path = checkpoints[-1] / row["sae_id"] / "sparsity.safetensors"
+        if path.exists():
+            row["alive_train_window"] = (load_file(str(path))["sparsity"] > -9.99).float().mean().item()
+            row["checkpoint"] = checkpoints[-1].name
+
+
+def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any) -> int:
+    """``tlql saes report``: load the suite, measure, write ``quality.json`` + table, log via Tracker."""
+    import json
+    from pathlib import Path
+
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.saes.registry import SAES_RELEASES
+    from tl_query_lens.tracking import Tracker
+
+    cfg = replace(cfg, **overrides)
+    ids = None if args.ids == "all" else [i.strip() for i in args.ids.split(",") if i.strip()]
+    saes = load_suite(args.model, ids, device=args.device)
+    model = load_model(args.model, device=args.device)
+    tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed)
+    suite_file = SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model) / "suite.json"
+    suite = json.loads(suite_file.read_text(encoding="utf-8")) if suite_file.exists() else {}
+    out = Path(args.out)
+    config = {**{k: v for k, v in vars(args).items() if k != "func"}, "report": vars(cfg), "suite": suite}
+    with Tracker(out, project=args.wandb_project, name="saes-report", config=config, use_wandb=args.wandb) as tracker:
+        quality = suite_quality(model, saes, tokens, batch_size=cfg.batch_size)
+        quality.config = config
+        _add_training_window_alive(quality, SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model))
+        quality.save(out)
+        (out / "quality.md").write_text(quality.markdown() + "\n", encoding="utf-8")
+        tracker.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])
+    print(quality.markdown())
+    print(
+        f"{quality.n_tokens} evaluation tokens, {quality.seconds:.0f} s; dictionaries trained on "
+        f"{suite.get('training_tokens_seen', '?')} tokens each ({suite.get('status', '?')}); written to {out}"
+    )
+    return 0
