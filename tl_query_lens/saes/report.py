@@ -21,6 +21,7 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm.auto import tqdm
 
+from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.dictionaries.splice import _ce_sum
 from tl_query_lens.results import SavableResult
 
@@ -225,7 +226,7 @@ def load_suite(model_name: str, ids: list[str] | None = None, *, device: str = "
     valid = list(lookup.saes_map)
     unknown = [i for i in ids or [] if i not in valid]
     if unknown:
-        raise KeyError(f"Unknown dictionary ids {unknown} for {release}; valid ids: {valid}.")
+        raise UnknownNameError(f"Unknown dictionary ids {unknown} for {release}; valid ids: {valid}.")
     return {sid: SAE.from_pretrained(release, sid, device=device) for sid in (ids or valid)}
 
 
