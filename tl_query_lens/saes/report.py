@@ -21,8 +21,8 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm.auto import tqdm
 
-from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.dictionaries.splice import _ce_sum
+from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ class SAEReportConfig:
         seq_len: tokens per sequence.
         seed: which windows are drawn.
         batch_size: sequences per forward pass.
+        exclude_first_positions: leading positions left unspliced and out of the statistics (see
+            :func:`suite_quality`).
     """
 
     corpus: str = "stdlib"
@@ -62,6 +64,7 @@ class SAEReportConfig:
     seq_len: int = 128
     seed: int = 0
     batch_size: int = 8
+    exclude_first_positions: int = 1
 
     def __post_init__(self) -> None:
         if self.n_seqs < 1 or self.seq_len < 2 or self.batch_size < 1:
@@ -129,10 +132,22 @@ def suite_quality(
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     batch_size: int = 8,
+    exclude_first_positions: int = 1,
 ) -> SuiteQuality:
-    """Quality of every dictionary in ``saes`` (id → SAE) on ``tokens``; one clean forward pass per batch."""
+    """Quality of every dictionary in ``saes`` (id → SAE) on ``tokens``; one clean forward pass per batch.
+
+    The first ``exclude_first_positions`` positions of every window keep their clean activation in the splice and
+    are left out of L0, alive, EV and KL (SAEBench's ``exclude_special_tokens_from_reconstruction``, applied by
+    position because the windows start mid-text: SmolLM2's first position is an attention sink, see
+    ``SAESuiteConfig.exclude_first_positions``). The zero ablation zeroes every position, as SAEBench's does.
+    """
     from tl_query_lens.hooks import check_hook
 
+    if not 0 <= exclude_first_positions < tokens.shape[1] - 1:
+        raise ValueError(
+            f"exclude_first_positions={exclude_first_positions} leaves no position of the {tokens.shape[1]}-token "
+            "windows to evaluate; use 0 or 1, or longer windows."
+        )
     if tokens.numel() == 0 or tokens.shape[1] < 2:
         raise ValueError(
             "Need at least one sequence of >= 2 tokens; load them with load_corpus(..., split='evaluation')."
@@ -160,30 +175,32 @@ def suite_quality(
     ce_clean = 0.0
     n_tok = 0
     device = next(model.parameters()).device
+    keep = torch.arange(tokens.shape[1], device=device) >= exclude_first_positions  # positions that are spliced
     for begin in tqdm(range(0, tokens.shape[0], batch_size), desc="report batches"):
         batch = tokens[begin : begin + batch_size].to(device)
         logits, cache = model.run_with_cache(batch, names_filter=sorted(needed))
         ce_clean += _ce_sum(logits, batch)
         logp = logits.log_softmax(-1)
-        n_tok += batch.numel()
+        n_tok += batch.shape[0] * int(keep.sum())
         for sid, sae in saes.items():
             s = stats[sid]
             x, y = cache[sae.cfg.metadata.hook_name], cache[_write_hook(sae)]
             acts = sae.encode(x)
-            y_hat = sae.decode(acts).to(y.dtype)
-            nonzero = acts != 0
+            y_hat = torch.where(keep[:, None], sae.decode(acts).to(y.dtype), y)
+            nonzero = (acts != 0)[:, keep]
             s["fired"] |= nonzero.reshape(-1, sae.cfg.d_sae).any(0).cpu()
             s["l0"] += nonzero.sum().item()
             s["sse"] += (y - y_hat).pow(2).sum().item()
-            s["y_sum"] = s["y_sum"] + y.reshape(-1, y.shape[-1]).double().sum(0)
-            s["y_sq"] += y.double().pow(2).sum().item()
+            y_kept = y[:, keep]
+            s["y_sum"] = s["y_sum"] + y_kept.reshape(-1, y.shape[-1]).double().sum(0)
+            s["y_sq"] += y_kept.double().pow(2).sum().item()
             restart = _layer(sae) + 1
             spliced = model(_residual_after(sae, cache, y_hat), start_at_layer=restart)
             zeroed = model(_residual_after(sae, cache, torch.zeros_like(y)), start_at_layer=restart)
             s["ce_spliced"] += _ce_sum(spliced, batch)
             s["ce_zero"] += _ce_sum(zeroed, batch)
             logq = spliced.log_softmax(-1)
-            s["kl"] += (logp.exp() * (logp - logq)).sum().item()
+            s["kl"] += (logp.exp() * (logp - logq))[:, keep].sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     rows = []
     for sid, sae in saes.items():
@@ -266,7 +283,9 @@ def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any)
     out = Path(args.out)
     config = {**{k: v for k, v in vars(args).items() if k != "func"}, "report": vars(cfg), "suite": suite}
     with Tracker(out, project=args.wandb_project, name="saes-report", config=config, use_wandb=args.wandb) as tracker:
-        quality = suite_quality(model, saes, tokens, batch_size=cfg.batch_size)
+        quality = suite_quality(
+            model, saes, tokens, batch_size=cfg.batch_size, exclude_first_positions=cfg.exclude_first_positions
+        )
         quality.config = config
         _add_training_window_alive(quality, SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model))
         quality.save(out)

@@ -71,6 +71,11 @@ class SAESuiteConfig:
         n_checkpoints: checkpoints (and exports) during training.
         seed: corpus sampling, initialisation and data-order seed.
         activation_batch_size: sequences per forward pass of the activation cache.
+        exclude_first_positions: leading positions of every window left out of training. SmolLM2's first position
+            is an attention sink whose residual norm is ~100x the others (98.9% of the layer-12 residual variance
+            of the cache, docs/saes.md): trained on it, an SAE spends its variance budget on one position. SAEBench
+            leaves BOS out of reconstruction for the same reason; our windows start mid-text, so the rule is by
+            position.
     """
 
     model: str = "smollm2-135m"
@@ -90,6 +95,7 @@ class SAESuiteConfig:
     n_checkpoints: int = 20
     seed: int = 0
     activation_batch_size: int = 8
+    exclude_first_positions: int = 1
 
     def __post_init__(self) -> None:
         self.layers = tuple(int(x) for x in self.layers)
@@ -104,6 +110,10 @@ class SAESuiteConfig:
         if self.training_tokens < self.batch_size_tokens:
             raise ValueError(
                 f"training_tokens={self.training_tokens} is less than one batch ({self.batch_size_tokens})."
+            )
+        if not 0 <= self.exclude_first_positions < self.seq_len:
+            raise ValueError(
+                f"exclude_first_positions must be in 0..seq_len-1={self.seq_len - 1}, got {self.exclude_first_positions}."
             )
         if not 0 <= self.lr_decay_fraction < 1:
             raise ValueError(f"lr_decay_fraction must be in [0, 1), got {self.lr_decay_fraction}.")
@@ -128,7 +138,7 @@ class SAESuiteResult(SavableResult):
         folder: the release folder (one sub-folder per ``sae_id``).
         sae_ids: the dictionaries trained.
         training_tokens_seen: activations each dictionary has been trained on.
-        epochs: passes over the cached tokens that this corresponds to.
+        epochs: passes over the cached training rows (every position from ``exclude_first_positions`` on).
         n_cached_tokens: tokens in the activation cache.
         activation_cache: its folder.
         resumed_from: the checkpoint this call started from, else None.
@@ -158,18 +168,32 @@ class ShuffledEpochs:
     """
 
     def __init__(
-        self, cache: ActivationCache, keys: dict[str, tuple[str, ...]], batch_size: int, seed: int, position: int = 0
+        self,
+        cache: ActivationCache,
+        keys: dict[str, tuple[str, ...]],
+        batch_size: int,
+        seed: int,
+        position: int = 0,
+        *,
+        seq_len: int | None = None,
+        exclude_first_positions: int = 0,
     ) -> None:
-        if cache.n_tokens < batch_size:
+        if exclude_first_positions:
+            if not seq_len or cache.n_tokens % seq_len:
+                raise ValueError(f"seq_len={seq_len} does not divide the cache's {cache.n_tokens} tokens.")
+            self.rows = np.flatnonzero(np.arange(cache.n_tokens) % seq_len >= exclude_first_positions)
+        else:
+            self.rows = np.arange(cache.n_tokens)
+        if len(self.rows) < batch_size:
             raise ValueError(
-                f"The activation cache holds {cache.n_tokens} tokens, fewer than one batch ({batch_size})."
+                f"The activation cache holds {len(self.rows)} usable tokens, fewer than one batch ({batch_size})."
             )
         self.arrays = {h: cache.array(h) for hooks in keys.values() for h in hooks}
         self.keys = keys
         self.batch_size = batch_size
         self.seed = seed
         self.position = position
-        self.per_epoch = cache.n_tokens // batch_size
+        self.per_epoch = len(self.rows) // batch_size
         self._perm: tuple[int, torch.Tensor] | None = None
 
     def __iter__(self) -> ShuffledEpochs:
@@ -180,7 +204,7 @@ class ShuffledEpochs:
         if self._perm is None or self._perm[0] != epoch:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = (epoch, torch.randperm(self.per_epoch * self.batch_size, generator=gen))
-        idx = np.sort(self._perm[1][i * self.batch_size : (i + 1) * self.batch_size].numpy())
+        idx = np.sort(self.rows[self._perm[1][i * self.batch_size : (i + 1) * self.batch_size].numpy()])
         self.position += 1
         return {
             key: torch.from_numpy(np.concatenate([self.arrays[h][idx] for h in hooks], axis=1)).float()
@@ -301,10 +325,17 @@ def train_saes(
         logger=LoggingConfig(log_to_wandb=False),
         n_batches_for_norm_estimate=min(50, cache.n_tokens // cfg.batch_size_tokens),
     )
-    data = ShuffledEpochs(cache, {sid: hooks[sid] for sid in names}, cfg.batch_size_tokens, cfg.seed)
+    data = ShuffledEpochs(
+        cache,
+        {sid: hooks[sid] for sid in names},
+        cfg.batch_size_tokens,
+        cfg.seed,
+        seq_len=tokens.shape[1],
+        exclude_first_positions=cfg.exclude_first_positions,
+    )
 
     def export(checkpoint: Path | None) -> None:
-        _export(trainer, root, cfg, cache, complete=checkpoint is None)
+        _export(trainer, root, cfg, cache, len(data.rows), complete=checkpoint is None)
         if folder is None:
             SAES_RELEASES.register()
 
@@ -334,7 +365,7 @@ def train_saes(
         folder=str(root),
         sae_ids=list(names),
         training_tokens_seen=seen,
-        epochs=seen / cache.n_tokens,
+        epochs=seen / len(data.rows),
         n_cached_tokens=cache.n_tokens,
         activation_cache=str(cache.path),
         resumed_from=resumed_from,
@@ -392,7 +423,7 @@ def _set_aside(ckpt_dir: Path, *, reason: str) -> None:
 
 @torch.no_grad()
 def _export(
-    trainer: MultiSAETrainer, root: Path, cfg: SAESuiteConfig, cache: ActivationCache, *, complete: bool
+    trainer: MultiSAETrainer, root: Path, cfg: SAESuiteConfig, cache: ActivationCache, n_rows: int, *, complete: bool
 ) -> None:
     """Write the current dictionaries in SAELens' inference format (activation scaling folded in) + suite.json."""
     for sid, sae in trainer.saes.items():
@@ -418,8 +449,9 @@ def _export(
             "status": "complete" if complete else "partial",
             "training_tokens_seen": seen,
             "training_tokens": cfg.n_steps * cfg.batch_size_tokens,
-            "epochs": seen / cache.n_tokens,
+            "epochs": seen / n_rows,
             "n_cached_tokens": cache.n_tokens,
+            "n_training_rows": n_rows,
             "activation_cache": str(cache.path),
             "config": asdict(cfg),
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -429,6 +461,6 @@ def _export(
         "exported %d dictionaries at %d samples (%.2f epochs) to %s",
         len(trainer.saes),
         seen,
-        seen / cache.n_tokens,
+        seen / n_rows,
         root,
     )
