@@ -313,6 +313,9 @@ def test_report_keeps_the_first_position_clean_like_saebench(cache):
     assert row["ce_clean"] == pytest.approx(clean, rel=1e-5)
     assert row["ce_spliced"] == pytest.approx(spliced, rel=1e-5)
     assert row["ce_spliced"] != pytest.approx(splice_metrics(model, tc, tokens).ce_spliced, rel=1e-6)
+    via_hooks = splice_metrics(model, tc, tokens, exclude_first_positions=1)  # the other code path (a write hook)
+    for key in ("alive_rate", "mean_l0", "explained_variance", "ce_spliced", "kl"):
+        assert row[key] == pytest.approx(getattr(via_hooks, key), rel=1e-4, abs=1e-6), key
     acts = tc.encode(clean_cache["blocks.1.ln2.hook_normalized"])[:, 1:]
     assert row["mean_l0"] == pytest.approx((acts != 0).sum(-1).float().mean().item())
     with pytest.raises(ValueError, match="exclude_first_positions"):
