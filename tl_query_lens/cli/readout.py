@@ -53,14 +53,20 @@ def add_parser(subparsers) -> None:
     ev.add_argument("--sae-path", default=None)
     ev.add_argument("--n-seqs", type=int, default=32)
     ev.add_argument("--seq-len", type=int, default=17)
-    ev.add_argument("--baselines", default=None, help="comma list (default: all, cheapest first); '' for none")
+    ev.add_argument(
+        "--baselines",
+        default=None,
+        help="comma list (default: the protocol's own set, cheapest first); '' for none. 'paper' also takes "
+        "this project's variants by name (nearest_row_ridge, knn_basis, kmeans_ridge_small, kmeans_ridge_full)",
+    )
     ev.add_argument(
         "--protocol",
         choices=("mixed-layers", "paper"),
         default="mixed-layers",
         help="'mixed-layers' (this project's: logit-lens states of 4 layers, 3 contrast families, "
         "baselines) or 'paper' (the authors': final-layer states, top-1 vs top-2 / vocabulary mean, "
-        "ρ₀, through-origin ablation R² over top-10 of covered contrasts)",
+        "ρ₀, through-origin ablation R² over top-10 of covered contrasts, the authors' baselines: neighbours "
+        "without the contrast tokens, k-means by |cos|)",
     )
     ev.set_defaults(func=run_eval)
 
@@ -217,7 +223,10 @@ def _run_eval_paper(args: argparse.Namespace, model, sae, tokens) -> int:
     from tl_query_lens.tracking import Tracker
 
     states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    result = readout_diagnostics_paper(sae, model, states, seed=args.seed)
+    options = {"seed": args.seed}
+    if args.baselines is not None:
+        options["baselines"] = tuple(b for b in args.baselines.split(",") if b)
+    result = readout_diagnostics_paper(sae, model, states, **options)
     result.save(Path(args.out) / "protocol_paper")
     scalars = {k: v for k, v in vars(result).items() if isinstance(v, (int, float))}
     config = {k: v for k, v in vars(args).items() if k != "func"}
@@ -225,5 +234,18 @@ def _run_eval_paper(args: argparse.Namespace, model, sae, tokens) -> int:
         args.out, project=args.wandb_project, name="readout-eval-paper", config=config, use_wandb=args.wandb
     ) as tracker:
         tracker.log_scalars("readout_paper_protocol", scalars)
-    print(json.dumps({**scalars, "coverage_ci": result.coverage_ci, "by_family": result.coverage_by_family}))
+        tracker.log_scalars("readout_paper_protocol_baselines", result.coverage_baselines)
+    print(
+        json.dumps(
+            {
+                **scalars,
+                "coverage_ci": result.coverage_ci,
+                "by_family": result.coverage_by_family,
+                "best_baseline": result.best_baseline,
+                "coverage_baselines": result.coverage_baselines,
+                "coverage_baselines_ci": result.coverage_baselines_ci,
+                "coverage_baselines_by_family": result.coverage_baselines_by_family,
+            }
+        )
+    )
     return 0
