@@ -154,6 +154,16 @@ CASES = [
     ("unknown_fit", ["ql-channels", "--fits", "closed_form,lbfgs"], "use 'closed_form', 'adam'"),
     ("unknown_baseline", ["readout", "eval", "--baselines", "pca256,nope"], "['nope'] unknown"),
     (
+        "paper_baseline_under_own_protocol",
+        ["readout", "eval", "--baselines", "nearest_row_ridge_excl_contrast"],
+        "unknown for --protocol mixed-layers",
+    ),
+    (
+        "own_baseline_not_in_paper_protocol",
+        ["readout", "eval", "--protocol", "paper", "--baselines", "nearest_row_ridge,shuffled_codes"],
+        "['shuffled_codes'] unknown for --protocol paper",
+    ),
+    (
         "readout_id_not_cached",
         ["readout", "decompose", "hello", "--sae-id", "never-fitted"],
         "No readout SAE 'never-fitted'",

@@ -171,3 +171,27 @@ def test_paper_baselines_and_margin(tmp_path):
     assert none.best_baseline is None and none.margin_over_best_baseline != none.margin_over_best_baseline
     with pytest.raises(ValueError, match="Unknown baselines"):
         readout_diagnostics_paper(sae, model, states, baselines=("nope",))
+
+
+def test_cli_readout_eval_paper_scores_the_chosen_baselines(monkeypatch, tmp_path, capsys):
+    import json
+
+    import tl_query_lens
+    from tl_query_lens.cli import main
+
+    model = tiny_model("gelu_ln")
+    fit_readout(model, tiny_tokens(model, 6, 12), **FIT).sae.save_model(tmp_path / "sae")
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr(
+        tl_query_lens,
+        "load_corpus",
+        lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(model, n_seqs, seq_len, seed=7),
+    )
+    argv = ["readout", "eval", "--protocol", "paper", "--sae-path", str(tmp_path / "sae"), "--n-seqs", "3"]
+    argv += ["--seq-len", "8", "--baselines", "nearest_row_ridge_excl_contrast,nearest_row_ridge", "--no-wandb"]
+    assert main(argv + ["--out", str(tmp_path / "out")]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(printed["coverage_baselines"]) == {"nearest_row_ridge_excl_contrast", "nearest_row_ridge"}
+    assert printed["best_baseline"] == "nearest_row_ridge_excl_contrast"
+    saved = PaperReadoutDiagnostics.load(tmp_path / "out" / "protocol_paper")
+    assert saved.coverage_baselines == printed["coverage_baselines"]

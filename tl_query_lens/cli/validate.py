@@ -257,10 +257,15 @@ def _check_lists(args: argparse.Namespace) -> None:
             raise InputError(f"--fits {args.fits!r}: use 'closed_form', 'adam' or 'closed_form,adam'.")
     if getattr(args, "baselines", None):
         from tl_query_lens.readout.baselines import BASELINE_ORDER
+        from tl_query_lens.readout.diagnostics_paper import OWN_VARIANTS, PAPER_BASELINES
 
-        unknown = [b for b in args.baselines.split(",") if b and b not in BASELINE_ORDER]
+        paper = getattr(args, "protocol", None) == "paper"
+        known = PAPER_BASELINES + OWN_VARIANTS if paper else BASELINE_ORDER
+        unknown = [b for b in args.baselines.split(",") if b and b not in known]
         if unknown:
-            raise InputError(f"--baselines {unknown} unknown; choose from {list(BASELINE_ORDER)} ('' for none).")
+            raise InputError(
+                f"--baselines {unknown} unknown for --protocol {args.protocol}; choose from {list(known)} ('' for none)."
+            )
     if getattr(args, "n_prompts", None) is not None:
         from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
 
