@@ -74,7 +74,7 @@ def readout_diagnostics(model, sae, out: Path) -> None:
     paper = readout_diagnostics_paper(sae, model, final)
     paper.save(out / "readout_paper")
     t1 = time.perf_counter()
-    own = evaluate_readout(sae, model, collect_states(model, tokens), baselines=[])
+    own = evaluate_readout(model, sae, collect_states(model, tokens), baselines=[])
     own.save(out / "readout_mixed_layers")
     summary = {
         "paper": {k: v for k, v in vars(paper).items() if k != "config"},
