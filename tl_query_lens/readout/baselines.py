@@ -188,7 +188,7 @@ def spherical_kmeans(
     for _ in tqdm(range(iters), desc=f"k-means {n_clusters}", leave=False):
         assign = torch.cat([(c @ cent.T).argmax(-1) for c in x.split(4096)])
         sums = torch.zeros_like(cent).index_add_(0, assign, x)
-        empty = torch.bincount(assign, minlength=n_clusters) == 0
+        empty = (torch.bincount(assign, minlength=n_clusters) == 0) | (sums.norm(dim=-1) == 0)  # no direction
         if dead == "reseed" and bool(empty.any()):
             sums[empty] = x[torch.randperm(x.shape[0], generator=gen)[: int(empty.sum())].to(x.device)]
         else:
