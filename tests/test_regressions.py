@@ -95,3 +95,24 @@ def test_bound_readout_rows_are_a_declared_buffer():
     h = torch.randn(model.cfg.d_model)
     dec = decompose(sae, h, token_logit(3, model.cfg.d_vocab))
     torch.testing.assert_close(dec.bias + dec.contributions.sum(-1) + dec.residual, dec.exact)
+
+
+def test_decompose_model_takes_only_a_model():
+    """Was: ``decompose(model=)`` took a model, its LM-head rows or nothing; rows now go to ``decompose_rows``."""
+    from tl_query_lens.errors import InputTypeError
+    from tl_query_lens.readout import decompose, decompose_rows, fit_readout, token_logit
+    from tl_query_lens.readout.sae import unembedding_rows
+
+    model = tiny_model("gated_rms")
+    fit = fit_readout(
+        model, tiny_tokens(model, 4, 8), width=64, k=4, steps=5, batch_rows=32, batch_pairs=8, progress=False
+    )
+    h, alpha = torch.randn(model.cfg.d_model), token_logit(3, model.cfg.d_vocab)
+    rows = unembedding_rows(model)
+    with pytest.raises(InputTypeError, match=r"decompose_rows\(sae, h, alpha, rows\)"):
+        decompose(fit.sae, h, alpha, model=rows)
+    by_model, by_rows = decompose(fit.sae, h, alpha, model=model), decompose_rows(fit.sae, h, alpha, rows)
+    for name in ("exact", "bias", "contributions", "residual"):
+        torch.testing.assert_close(getattr(by_rows, name), getattr(by_model, name), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="do not match the readout SAE"):
+        decompose_rows(fit.sae, h, alpha, rows[:-1])

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 
 from tl_query_lens.readout.cross_lens import jacobian_lens
-from tl_query_lens.readout.decompose import decompose, token_logit, vocab_mean_contrast
+from tl_query_lens.readout.decompose import decompose_rows, token_logit, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
@@ -186,7 +186,7 @@ def _first_token(model, text: str | int) -> int:
 
 
 def _dominant(sae: ReadoutSAE, rows: torch.Tensor, h: torch.Tensor, alpha: torch.Tensor) -> int:
-    dec = decompose(sae, h, alpha, model=rows, n_top=0)
+    dec = decompose_rows(sae, h, alpha, rows, n_top=0)
     return int(dominant_active(dec.contributions, dec.beta)[0])
 
 
