@@ -41,7 +41,7 @@ from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.hooks import hook_layer
+from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -203,8 +203,7 @@ def first_letter_activations(
     is_train = [i < n_train for i in range(len(words))]
     prompts, pos = build_first_letter_prompts(model, words, is_train, cfg)
     hooks = list(dict.fromkeys(hooks))
-    layers = [hook_layer(h) for h in hooks]
-    stop = None if None in layers or max(layers) + 1 >= model.cfg.n_layers else max(layers) + 1  # type: ignore
+    stop = stop_layer(hooks)
     acts: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     for start in tqdm(range(0, len(prompts), cfg.batch_size), desc="first-letter prompts", leave=False):
         batch = prompts[start : start + cfg.batch_size].to(model.cfg.device)
