@@ -173,7 +173,6 @@ def main(argv: list[str] | None = None) -> dict:
             steps=50,
             batch_rows=512,
             batch_pairs=128,
-            use_wandb=False,
             progress=False,
             log_every=50,
         ),

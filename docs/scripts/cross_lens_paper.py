@@ -49,7 +49,7 @@ def readout_sae(model, max_seconds: float | None = None):
         t0 = time.perf_counter()
         tokens = load_corpus("embedded", model, n_seqs=32, seq_len=32, split="train", seed=0)
         extra = {} if max_seconds is None else {"max_seconds": max_seconds}
-        fit = fit_readout(model, tokens, preset="cpu", use_wandb=False, **extra)
+        fit = fit_readout(model, tokens, **extra)  # the "cpu" preset is the default config
         fit.sae.save_model(path)
         logger.info(
             "readout SAE %s fitted in %.0f s (%s) and cached at %s",
