@@ -40,6 +40,7 @@ from sae_lens import SAE
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
@@ -197,7 +198,7 @@ def first_letter_activations(
     model: HookedTransformer, hooks: list[str], *, cfg: AbsorptionConfig | None = None
 ) -> FirstLetterActivations:
     """Run the first-letter prompts once and keep every hook's activation at the word position."""
-    cfg = cfg or AbsorptionConfig()
+    cfg = resolve_config(AbsorptionConfig, cfg)
     words = first_letter_words(model.tokenizer, cfg.n_words, cfg.seed)
     n_train = round(len(words) * cfg.train_fraction)
     is_train = [i < n_train for i in range(len(words))]
@@ -374,7 +375,7 @@ def first_letter_absorption(
 
     The probe reads the dictionary's write hook, the codes come from its read hook (module docstring).
     """
-    cfg = AbsorptionConfig(**{**(cfg.__dict__ if cfg else {}), **overrides})
+    cfg = resolve_config(AbsorptionConfig, cfg, overrides)
     view = as_key_value(dictionary)
     for hook in (view.read_hook, view.write_hook):
         if hook not in data.acts:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.readout.cross_lens import jacobian_lens
 from tl_query_lens.readout.decompose import decompose_rows, token_logit, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
@@ -211,7 +212,7 @@ def cross_lens_prompts(
         bank: prompts (default :func:`load_prompt_bank`).
         cfg: options; keywords override its fields.
     """
-    cfg = replace(cfg or CrossLensConfig(), **overrides)
+    cfg = resolve_config(CrossLensConfig, cfg, overrides)
     check_compatible(sae, model)
     bank = bank if bank is not None else load_prompt_bank()
     layers = cfg.layers or mid_band_layers(model.cfg.n_layers)

@@ -14,11 +14,12 @@ Not built: nearest-row ridge excluding the contrast tokens, spherical k-means ra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.readout.diagnostics import cluster_bootstrap, covered
 from tl_query_lens.readout.sae import ReadoutSAE, decode_sparse
 from tl_query_lens.readout.states import StateBank
@@ -113,7 +114,7 @@ def readout_diagnostics_paper(
     from tl_query_lens.readout.decompose import decompose_rows
     from tl_query_lens.readout.sae import check_compatible, unembedding_rows
 
-    cfg = replace(cfg or PaperReadoutConfig(), **overrides)
+    cfg = resolve_config(PaperReadoutConfig, cfg, overrides)
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()
