@@ -42,7 +42,7 @@ def check_paper_diagnostics(model, sae, tmp_path):
     states = collect_states(
         model, tiny_tokens(model, 4, 10, seed=5), [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     )
-    res = readout_diagnostics_paper(sae, model, states, max_states=20)
+    res = readout_diagnostics_paper(model, sae, states, max_states=20)
     by = res.coverage_by_family
     assert res.coverage == pytest.approx((by["top1_vs_competitor"] + by["vocab_mean_contrast"]) / 2)
     assert 0 <= res.coverage <= 1 and 0 <= res.coverage_random_support <= 1

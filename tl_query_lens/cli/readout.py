@@ -217,7 +217,7 @@ def _run_eval_paper(args: argparse.Namespace, model, sae, tokens) -> int:
     from tl_query_lens.tracking import Tracker
 
     states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    result = readout_diagnostics_paper(sae, model, states, seed=args.seed)
+    result = readout_diagnostics_paper(model, sae, states, seed=args.seed)
     result.save(Path(args.out) / "protocol_paper")
     scalars = {k: v for k, v in vars(result).items() if isinstance(v, (int, float))}
     config = {k: v for k, v in vars(args).items() if k != "func"}

@@ -87,8 +87,6 @@ def cross_lens_check(
     """
     from tl_query_lens.primitives import cluster_bootstrap
 
-    if isinstance(model, ReadoutSAE):
-        raise TypeError("cross_lens_check takes (model, sae, ...): the model comes first, as in every method.")
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()

@@ -193,8 +193,8 @@ def _dominant(sae: ReadoutSAE, rows: torch.Tensor, h: torch.Tensor, alpha: torch
 
 @torch.no_grad()
 def cross_lens_prompts(
-    sae: ReadoutSAE,
     model,
+    sae: ReadoutSAE,
     operators_a: dict[int, torch.Tensor],
     operators_b: dict[int, torch.Tensor],
     bank: list[dict[str, Any]] | None = None,
@@ -205,8 +205,8 @@ def cross_lens_prompts(
     """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (DESIGN §6, module docstring.)
 
     Args:
-        sae: readout SAE of ``model``.
         model: the model (tokenizer, LN_f, W_U).
+        sae: readout SAE of ``model``.
         operators_a / operators_b: layer → value operator M_l (``value_operators(...)["blocks.l.hook_resid_post"]``)
             fitted on two corpora; must cover ``cfg.layers``.
         bank: prompts (default :func:`load_prompt_bank`).

@@ -74,20 +74,20 @@ def _rows_for(sae: ReadoutSAE, model: HookedTransformer | None) -> torch.Tensor:
         if rows is None:
             raise ValueError(
                 "decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
-                "to), or call bind(sae, model) once."
+                "to), or call bind(model, sae) once."
             )
         return rows
     if not isinstance(model, HookedTransformer):
         raise InputTypeError(
             f"decompose(model=) takes the HookedTransformer the readout SAE was fitted to, not a "
             f"{type(model).__name__}. For LM-head rows [d_vocab, d_model] you already checked against the SAE, "
-            "call decompose_rows(sae, h, alpha, rows); or bind(sae, model) once and omit model=."
+            "call decompose_rows(sae, h, alpha, rows); or bind(model, sae) once and omit model=."
         )
     check_compatible(sae, model)
     return unembedding_rows(model)
 
 
-def bind(sae: ReadoutSAE, model: HookedTransformer) -> ReadoutSAE:
+def bind(model: HookedTransformer, sae: ReadoutSAE) -> ReadoutSAE:
     """Check ``sae`` against ``model`` and remember its LM-head rows so ``decompose`` needs no ``model=``."""
     check_compatible(sae, model)
     sae.bound_rows = unembedding_rows(model).to(sae.W_dec.device)

@@ -107,7 +107,7 @@ def _pool(h: torch.Tensor, rows_hat: torch.Tensor, rows: torch.Tensor, b_U: torc
 
 @torch.no_grad()
 def readout_diagnostics_paper(
-    sae: ReadoutSAE, model, bank: StateBank, *, cfg: PaperReadoutConfig | None = None, **overrides: Any
+    model, sae: ReadoutSAE, bank: StateBank, *, cfg: PaperReadoutConfig | None = None, **overrides: Any
 ) -> PaperReadoutDiagnostics:
     """The authors' diagnostics on decoded final-layer states ``bank`` (collect them with
     ``collect_states(model, tokens, [f"blocks.{L-1}.hook_resid_post"])``)."""
