@@ -45,6 +45,8 @@ class CompareConfig:
             layer, else 32).
         seed: the random model's weights.
         batch_size: sequences per forward pass of the splice metrics.
+        exclude_first_positions: leading positions of every window left unspliced and unscored (SAEBench leaves
+            BOS out; SmolLM2's first position is an attention sink, ``docs/saes.md``).
     """
 
     absorption: AbsorptionConfig | None = field(default_factory=AbsorptionConfig)
@@ -54,6 +56,7 @@ class CompareConfig:
     control_k: int | None = None
     seed: int = 0
     batch_size: int = 8
+    exclude_first_positions: int = 1
 
     def __post_init__(self) -> None:
         bad = [v for v in self.control_variants if v not in ("vanilla", "topk", "normalized")]
@@ -148,7 +151,9 @@ def _score(
     label: str, model_name: str, model: HookedSAETransformer, sae: SAE, tokens: torch.Tensor, data, cfg: CompareConfig
 ) -> tuple[dict, dict | None]:
     view = as_key_value(sae, model)
-    splice = splice_metrics(model, sae, tokens, batch_size=cfg.batch_size)
+    splice = splice_metrics(
+        model, sae, tokens, batch_size=cfg.batch_size, exclude_first_positions=cfg.exclude_first_positions
+    )
     row = {
         "label": label,
         "model": model_name,

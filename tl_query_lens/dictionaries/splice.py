@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -47,6 +48,13 @@ class SpliceMetrics(SavableResult):
     n_tokens: int
 
 
+def _write_from(first: int, written: torch.Tensor, act: torch.Tensor, hook: Any) -> torch.Tensor:
+    """Hook: positions ``first:`` carry ``written``; the earlier ones keep the clean activation."""
+    out = act.clone()
+    out[:, first:] = written.reshape(out[:, first:].shape).to(out.dtype)
+    return out
+
+
 @torch.no_grad()
 def splice_metrics(
     model: HookedSAETransformer,
@@ -54,10 +62,23 @@ def splice_metrics(
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     batch_size: int = 8,
+    exclude_first_positions: int = 0,
 ) -> SpliceMetrics:
-    """Measure a dictionary's fidelity on ``tokens`` (clean run vs. ``run_with_saes`` without the error term)."""
+    """Measure a dictionary's fidelity on ``tokens`` (clean run vs. ``run_with_saes`` without the error term).
+
+    ``exclude_first_positions > 0`` keeps the clean activation at the first positions of every window (the splice
+    runs as a hook that writes the reconstruction from the clean read-hook activation at the other positions) and
+    leaves them out of L0, alive, EV and KL: SAEBench's ``exclude_special_tokens_from_reconstruction``, by position,
+    for models whose first position is an attention sink (SmolLM2, ``docs/saes.md``).
+    """
     view = as_key_value(sae, model)
     tokens = check_tokens(model, tokens)
+    if not 0 <= exclude_first_positions < tokens.shape[1] - 1:
+        raise ValueError(
+            f"exclude_first_positions={exclude_first_positions} leaves no position of the {tokens.shape[1]}-token "
+            "windows to score; use 0 or 1, or longer windows."
+        )
+    keep = torch.arange(tokens.shape[1], device=model.cfg.device) >= exclude_first_positions
     fired = torch.zeros(view.d_sae, dtype=torch.bool)
     l0_sum = sse = ce_clean = ce_spliced = kl_sum = 0.0
     y_sum = y_sq = 0.0
@@ -66,8 +87,9 @@ def splice_metrics(
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         logits, cache = model.run_with_cache(batch, names_filter=[view.read_hook, view.write_hook])
         x, y = cache[view.read_hook], cache[view.write_hook]
-        acts = sae.encode(x)
+        acts = sae.encode(x)[:, keep]
         y_hat = sae.decode(acts)
+        y = y[:, keep]
         nonzero = acts != 0
         fired |= nonzero.reshape(-1, view.d_sae).any(0).cpu()
         l0_sum += nonzero.sum().item()
@@ -75,10 +97,14 @@ def splice_metrics(
         y_sum = y_sum + y.reshape(-1, y.shape[-1]).sum(0).double()
         y_sq += y.double().pow(2).sum().item()
         n_tok += y.shape[0] * y.shape[1]
-        spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
+        if exclude_first_positions:
+            splice = partial(_write_from, exclude_first_positions, y_hat)
+            spliced = model.run_with_hooks(batch, fwd_hooks=[(view.write_hook, splice)])
+        else:
+            spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
         ce_clean += _ce_sum(logits, batch)
         ce_spliced += _ce_sum(spliced, batch)
-        kl_sum += kl_divergence(logits.log_softmax(-1), spliced.log_softmax(-1)).sum().item()
+        kl_sum += kl_divergence(logits.log_softmax(-1), spliced.log_softmax(-1))[:, keep].sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     sst = y_sq - (y_sum.pow(2).sum() / n_tok).item()
     metrics = SpliceMetrics(

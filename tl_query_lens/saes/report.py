@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from tl_query_lens.dictionaries.splice import _ce_sum
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.primitives import kl_divergence
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ def suite_quality(
             s["ce_spliced"] += _ce_sum(spliced, batch)
             s["ce_zero"] += _ce_sum(zeroed, batch)
             logq = spliced.log_softmax(-1)
-            s["kl"] += (logp.exp() * (logp - logq))[:, keep].sum().item()
+            s["kl"] += kl_divergence(logp, logq)[:, keep].sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     rows = []
     for sid, sae in saes.items():
