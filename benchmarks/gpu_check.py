@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     ffkv = FFKV.from_model(model, layer, "topk", k=32)
     features = list(range(8))
     lens = QueryLens(model, tokens, **engine)
-    lens.precompute(value_hooks=[hook], key_hooks=[read], module_layers=range(layer + 1, model.cfg.n_layers))
+    lens.precompute([ffkv], value_methods=("full", "first_order"), key_methods=("full",))  # the hooks of ffkv
     for method in ("full", "first_order"):
         step(f"value signatures ({method})", lambda m=method: lens.value_signatures(ffkv, features, method=m))
     step("key signatures (full)", lambda: lens.key_signatures(ffkv, features))
@@ -173,7 +173,6 @@ def main(argv: list[str] | None = None) -> dict:
             steps=50,
             batch_rows=512,
             batch_pairs=128,
-            use_wandb=False,
             progress=False,
             log_every=50,
         ),

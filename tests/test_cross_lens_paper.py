@@ -83,12 +83,12 @@ def test_two_layer_vote_with_a_planted_dominant_feature(rms_setup):
     lens_a = {0: planting_operator(h[0], d_f), 1: planting_operator(h[1], d_f)}
     both = {0: planting_operator(h[0], d_f), 1: planting_operator(h[1], d_f)}
     one = {0: planting_operator(h[0], d_f), 1: planting_operator(h[1], d_g)}
-    res = cross_lens_prompts(sae, model, lens_a, both, bank, layers=[0, 1], min_votes=2)
+    res = cross_lens_prompts(model, sae, lens_a, both, bank, layers=[0, 1], min_votes=2)
     assert res.dominant_a.tolist() == [[f, f]] and res.dominant_b.tolist() == [[f, f]]
     assert res.passes.tolist() == [True] and res.paper_agreement == 1.0
-    res1 = cross_lens_prompts(sae, model, lens_a, one, bank, layers=[0, 1], min_votes=2)
+    res1 = cross_lens_prompts(model, sae, lens_a, one, bank, layers=[0, 1], min_votes=2)
     assert res1.dominant_b[0, 1].item() != f and res1.passes.tolist() == [False] and res1.paper_agreement == 0.0
-    assert cross_lens_prompts(sae, model, lens_a, one, bank, layers=[0, 1], min_votes=1).passes.tolist() == [True]
+    assert cross_lens_prompts(model, sae, lens_a, one, bank, layers=[0, 1], min_votes=1).passes.tolist() == [True]
 
 
 @torch.no_grad()
@@ -107,15 +107,15 @@ def test_identical_lenses_pass_and_nulls_are_lower(rms_setup, tmp_path):
         for i in range(12)
     ]
     eye = {layer: torch.eye(model.cfg.d_model) for layer in (0, 1, 2)}
-    res = cross_lens_prompts(sae, model, eye, {k: v.clone() for k, v in eye.items()}, bank, layers=[0, 1, 2])
+    res = cross_lens_prompts(model, sae, eye, {k: v.clone() for k, v in eye.items()}, bank, layers=[0, 1, 2])
     assert res.paper_agreement == 1.0 and res.own_top1_agreement == 1.0 and res.own_top1_tokens_differ == 0.0
     assert res.n_prompts == 10 and res.n_controls == 2 and res.control_agreement == 1.0
     assert res.null_shuffled < 1.0 and 0.0 <= res.null_unrelated <= 1.0
-    own = cross_lens_prompts(sae, model, eye, eye, bank, layers=[0, 1, 2], protocol="own-top1")
+    own = cross_lens_prompts(model, sae, eye, eye, bank, layers=[0, 1, 2], protocol="own-top1")
     assert own.headline == own.own_top1_agreement and res.headline == res.paper_agreement
     back = CrossLensPromptResult.load(res.save(tmp_path / "r"))
     assert torch.equal(back.dominant_a, res.dominant_a) and back.per_group == res.per_group
     with pytest.raises(KeyError, match="no operator in both lenses"):
-        cross_lens_prompts(sae, model, eye, {0: eye[0]}, bank, layers=[0, 1])
+        cross_lens_prompts(model, sae, eye, {0: eye[0]}, bank, layers=[0, 1])
     with pytest.raises(ValueError, match="protocol must be"):
         CrossLensConfig(protocol="fixed")

@@ -100,7 +100,7 @@ def test_batched_states_and_bind(fitted):
     model, tokens, fit = fitted["gelu_ln"]
     bank = collect_states(model, tokens, ["blocks.1.hook_resid_post", "blocks.2.hook_resid_post"])
     assert len(bank) == 6 * 11 * 2 and set(bank.hook_index.tolist()) == {0, 1}
-    sae = bind(fit.sae, model)
+    sae = bind(model, fit.sae)
     dec = decompose(sae, bank.states[:5], vocab_mean_contrast(4, model.cfg.d_vocab))
     single = decompose(sae, bank.states[3], vocab_mean_contrast(4, model.cfg.d_vocab))
     assert dec.contributions.shape == (5, sae.cfg.d_sae)

@@ -49,7 +49,7 @@ def check_paper_diagnostics(model, sae, tmp_path):
     states = collect_states(
         model, tiny_tokens(model, 4, 10, seed=5), [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     )
-    res = readout_diagnostics_paper(sae, model, states, max_states=20)
+    res = readout_diagnostics_paper(model, sae, states, max_states=20)
     by = res.coverage_by_family
     assert res.coverage == pytest.approx((by["top1_vs_competitor"] + by["vocab_mean_contrast"]) / 2)
     assert 0 <= res.coverage <= 1 and 0 <= res.coverage_random_support <= 1
@@ -157,7 +157,7 @@ def test_paper_baselines_and_margin(tmp_path):
         model, tiny_tokens(model, 4, 10, seed=5), [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     )
     names = PAPER_BASELINES + ("nearest_row_ridge",)
-    res = readout_diagnostics_paper(sae, model, states, max_states=4, baselines=names, n_neighbours=8)
+    res = readout_diagnostics_paper(model, sae, states, max_states=4, baselines=names, n_neighbours=8)
     assert set(res.coverage_baselines) == set(names)
     paper = {b: res.coverage_baselines[b] for b in PAPER_BASELINES}
     assert res.best_baseline == max(paper, key=paper.get)  # this project's variant is reported, not in the margin
@@ -167,10 +167,10 @@ def test_paper_baselines_and_margin(tmp_path):
         assert res.coverage_baselines[b] == pytest.approx((by["top1_vs_competitor"] + by["vocab_mean_contrast"]) / 2)
     back = PaperReadoutDiagnostics.load(res.save(tmp_path / "r"))
     assert back.coverage_baselines == res.coverage_baselines and back.best_baseline == res.best_baseline
-    none = readout_diagnostics_paper(sae, model, states, max_states=2, baselines=OWN_VARIANTS[-1:], n_neighbours=8)
+    none = readout_diagnostics_paper(model, sae, states, max_states=2, baselines=OWN_VARIANTS[-1:], n_neighbours=8)
     assert none.best_baseline is None and none.margin_over_best_baseline != none.margin_over_best_baseline
     with pytest.raises(ValueError, match="Unknown baselines"):
-        readout_diagnostics_paper(sae, model, states, baselines=("nope",))
+        readout_diagnostics_paper(model, sae, states, baselines=("nope",))
 
 
 def test_cli_readout_eval_paper_scores_the_chosen_baselines(monkeypatch, tmp_path, capsys):

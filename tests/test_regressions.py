@@ -88,10 +88,62 @@ def test_bound_readout_rows_are_a_declared_buffer():
     fit = fit_readout(
         model, tiny_tokens(model, 4, 8), width=64, k=4, steps=5, batch_rows=32, batch_pairs=8, progress=False
     )
-    sae = bind(fit.sae, model)
+    sae = bind(model, fit.sae)
     assert "bound_rows" in dict(sae.named_buffers()) and "bound_rows" not in sae.state_dict()
     sae.to(torch.float64)
     assert sae.bound_rows.dtype == torch.float64
     h = torch.randn(model.cfg.d_model)
     dec = decompose(sae, h, token_logit(3, model.cfg.d_vocab))
+    torch.testing.assert_close(dec.bias + dec.contributions.sum(-1) + dec.residual, dec.exact)
+
+
+def test_decompose_model_takes_only_a_model():
+    """Was: ``decompose(model=)`` took a model, its LM-head rows or nothing; rows now go to ``decompose_rows``."""
+    from tl_query_lens.errors import InputTypeError
+    from tl_query_lens.readout import decompose, decompose_rows, fit_readout, token_logit
+    from tl_query_lens.readout.sae import unembedding_rows
+
+    model = tiny_model("gated_rms")
+    fit = fit_readout(
+        model, tiny_tokens(model, 4, 8), width=64, k=4, steps=5, batch_rows=32, batch_pairs=8, progress=False
+    )
+    h, alpha = torch.randn(model.cfg.d_model), token_logit(3, model.cfg.d_vocab)
+    rows = unembedding_rows(model)
+    with pytest.raises(InputTypeError, match=r"decompose_rows\(sae, h, alpha, rows\)"):
+        decompose(fit.sae, h, alpha, model=rows)
+    by_model, by_rows = decompose(fit.sae, h, alpha, model=model), decompose_rows(fit.sae, h, alpha, rows)
+    for name in ("exact", "bias", "contributions", "residual"):
+        torch.testing.assert_close(getattr(by_rows, name), getattr(by_model, name), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="do not match the readout SAE"):
+        decompose_rows(fit.sae, h, alpha, rows[:-1])
+
+
+def test_readout_functions_take_the_model_first():
+    """Was: ``bind``, ``readout_diagnostics_paper`` and ``cross_lens_prompts`` took the SAE first, the other readout
+    methods the model; every one now takes (model, sae, ...) and a swapped call names the fix."""
+    from tl_query_lens.errors import InputTypeError
+    from tl_query_lens.readout import bind, collect_states, decompose, fit_readout, token_logit
+    from tl_query_lens.readout.cross_lens import cross_lens_check
+    from tl_query_lens.readout.cross_lens_paper import cross_lens_prompts
+    from tl_query_lens.readout.diagnostics_paper import readout_diagnostics_paper
+    from tl_query_lens.readout.evaluate import evaluate_readout
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, 4, 8)
+    sae = fit_readout(model, tokens, width=64, k=4, steps=5, batch_rows=32, batch_pairs=8, progress=False).sae
+    states = collect_states(model, tokens[:2])
+    eye = {k: torch.eye(model.cfg.d_model) for k in range(model.cfg.n_layers)}
+    swapped = [
+        lambda: bind(sae, model),
+        lambda: evaluate_readout(sae, model, states),
+        lambda: readout_diagnostics_paper(sae, model, states),
+        lambda: cross_lens_prompts(sae, model, eye, eye, [], layers=[0]),
+        lambda: cross_lens_check(sae, model, states.states, eye[0], eye[0]),
+    ]
+    for call in swapped:
+        with pytest.raises(InputTypeError, match="takes the model first"):
+            call()
+    h = torch.randn(model.cfg.d_model)
+    sae.bound_rows = None
+    dec = decompose(bind(model, sae), h, token_logit(2, model.cfg.d_vocab))
     torch.testing.assert_close(dec.bias + dec.contributions.sum(-1) + dec.residual, dec.exact)

@@ -11,20 +11,29 @@ import pytest
 import torch
 
 from tl_query_lens.certify.certify import Certificate
+from tl_query_lens.certify.protocol import ProtocolCertification
 from tl_query_lens.certify.sweep import LayerSweep, ShuffleAblation
+from tl_query_lens.dictionaries.absorption import AbsorptionResult
+from tl_query_lens.dictionaries.compare import DictionaryComparison
+from tl_query_lens.dictionaries.faithfulness import FaithfulnessResult
 from tl_query_lens.dictionaries.splice import FFKVSummary, SpliceMetrics
+from tl_query_lens.documents import DocumentWindows
 from tl_query_lens.query_lens.channels import ChannelAnalysis
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import MaxActivations
 from tl_query_lens.query_lens.result import Signatures
 from tl_query_lens.readout.cross_lens import CrossLensResult
+from tl_query_lens.readout.cross_lens_paper import CrossLensPromptResult
 from tl_query_lens.readout.decompose import Decomposition
 from tl_query_lens.readout.diagnostics import AblationRegression, ReadoutEval
+from tl_query_lens.readout.diagnostics_paper import PaperReadoutDiagnostics
 from tl_query_lens.readout.evaluate import ReadoutReport
 from tl_query_lens.readout.fit import ReadoutFit
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult, write_json
+from tl_query_lens.saes.report import SuiteQuality
+from tl_query_lens.saes.train import SAESuiteResult
 
 RESULT_CLASSES = [
     Signatures,
@@ -43,6 +52,17 @@ RESULT_CLASSES = [
     Decomposition,
     CrossLensResult,
     StateBank,
+    DocumentWindows,
+    # paper protocols (issue 11)
+    ProtocolCertification,
+    PaperReadoutDiagnostics,
+    CrossLensPromptResult,
+    # FF-KV paper's comparison and the SAE suite (issue 10)
+    DictionaryComparison,
+    AbsorptionResult,
+    FaithfulnessResult,
+    SAESuiteResult,
+    SuiteQuality,
 ]
 SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.25]
 
@@ -86,7 +106,7 @@ def build(hint, counter: list[int]):
         return 3
     if hint is str:
         return "blocks.1.hook_resid_post"
-    if origin is list:
+    if origin is list or hint is list:
         return [build(args[0], counter) for _ in range(3)] if args else [1.0, float("nan")]
     if origin is dict or hint is dict:
         value_type = args[1] if args else float
@@ -154,3 +174,23 @@ def test_loading_checks_the_type(tmp_path):
     make(SpliceMetrics).save(tmp_path / "s")
     with pytest.raises(TypeError, match="SpliceMetrics, not a Certificate"):
         Certificate.load(tmp_path / "s")
+
+
+def test_every_result_class_is_listed():
+    """A new result class anywhere in the package must join RESULT_CLASSES (this test finds the ones that did not)."""
+    import importlib
+    import pkgutil
+
+    import tl_query_lens
+
+    for module in pkgutil.walk_packages(tl_query_lens.__path__, "tl_query_lens."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    found, stack = set(), [SavableResult]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if sub.__module__.startswith("tl_query_lens."):
+                found.add(sub)
+    missing = sorted(c.__qualname__ for c in found - set(RESULT_CLASSES))
+    assert not missing, f"add {missing} to RESULT_CLASSES"

@@ -320,3 +320,40 @@ def test_report_keeps_the_first_position_clean_like_saebench(cache):
     assert row["mean_l0"] == pytest.approx((acts != 0).sum(-1).float().mean().item())
     with pytest.raises(ValueError, match="exclude_first_positions"):
         suite_quality(model, {"tc": tc}, tokens, exclude_first_positions=9)
+
+
+def test_biases_start_at_the_data_mean():
+    from tl_query_lens.saes.train import init_biases_from_mean
+
+    torch.manual_seed(0)
+    x_mean, y_mean = torch.randn(32) * 5, torch.randn(24)
+    sae = FastTopKTrainingSAE(TopKTrainingSAEConfig(d_in=32, d_sae=40, k=6))
+    init_biases_from_mean(sae, x_mean)
+    _, pre = sae.encode_with_hidden_pre(x_mean[None])
+    assert torch.allclose(pre, torch.zeros_like(pre), atol=1e-5)  # the encoder sees x - mean
+    tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
+    init_biases_from_mean(tc, x_mean, y_mean)
+    assert torch.allclose(x_mean @ tc.W_enc + tc.b_enc, torch.zeros(40), atol=1e-5)
+    assert torch.equal(tc.b_dec.detach(), y_mean)
+
+
+def test_a_fresh_run_starts_every_dictionary_at_its_training_rows_mean(cache, monkeypatch):
+    import tl_query_lens.saes.train as train_module
+
+    seen = {}
+    real = train_module.init_biases_from_mean
+
+    def record(sae, x_mean, y_mean=None):
+        seen[sae.cfg.metadata.hook_name] = (x_mean.clone(), None if y_mean is None else y_mean.clone())
+        real(sae, x_mean, y_mean)
+
+    monkeypatch.setattr(train_module, "init_biases_from_mean", record)
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=32, seq_len=16)
+    train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)
+    _, clean = model.run_with_cache(tokens)
+    x = clean["blocks.1.ln2.hook_normalized"][:, 1:].reshape(-1, 32)  # position 0 is not a training row
+    y = clean["blocks.1.hook_mlp_out"][:, 1:].reshape(-1, 32)
+    x_mean, y_mean = seen["blocks.1.ln2.hook_normalized"]
+    assert torch.allclose(x_mean, x.mean(0), atol=2e-3) and torch.allclose(y_mean, y.mean(0), atol=2e-3)
+    assert seen["blocks.1.hook_resid_post"][1] is None and len(seen) == 4

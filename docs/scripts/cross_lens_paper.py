@@ -49,7 +49,7 @@ def readout_sae(model, max_seconds: float | None = None):
         t0 = time.perf_counter()
         tokens = load_corpus("embedded", model, n_seqs=32, seq_len=32, split="train", seed=0)
         extra = {} if max_seconds is None else {"max_seconds": max_seconds}
-        fit = fit_readout(model, tokens, preset="cpu", use_wandb=False, **extra)
+        fit = fit_readout(model, tokens, **extra)  # the "cpu" preset is the default config
         fit.sae.save_model(path)
         logger.info(
             "readout SAE %s fitted in %.0f s (%s) and cached at %s",
@@ -71,7 +71,7 @@ def readout_diagnostics(model, sae, out: Path) -> None:
     tokens = load_corpus("embedded", model, n_seqs=32, seq_len=17, split="evaluation", seed=0)
     t0 = time.perf_counter()
     final = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    paper = readout_diagnostics_paper(sae, model, final)
+    paper = readout_diagnostics_paper(model, sae, final)
     paper.save(out / "readout_paper")
     t1 = time.perf_counter()
     own = evaluate_readout(model, sae, collect_states(model, tokens), baselines=[])
@@ -154,7 +154,7 @@ def main() -> None:
             ops_a = {layer: sums["docstrings"][hook] for layer, hook in zip(layers, hooks)}
             ops_b = {layer: sums["language_reference"][hook] for layer, hook in zip(layers, hooks)}
             t0 = time.perf_counter()
-            res = cross_lens_prompts(sae, model, ops_a, ops_b, layers=layers)
+            res = cross_lens_prompts(model, sae, ops_a, ops_b, layers=layers)
             res.save(out / f"positions_{positions}")
             keys = (
                 "paper_agreement",

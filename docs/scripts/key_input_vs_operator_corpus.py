@@ -49,7 +49,7 @@ def main() -> None:
         op_tokens = load_corpus("embedded", model, n_seqs=n_op, seq_len=32, split="train", seed=0)
         lens = QueryLens(model, op_tokens, cache_dir=out / "operators")
         start = time.perf_counter()
-        lens.precompute(key_hooks=[f"blocks.{layer}.ln2.hook_normalized" for layer in layers])
+        lens.precompute(list(saes.values()), value_methods=(), key_methods=("full",))  # key operators only
         seconds = time.perf_counter() - start
         for method, name in (("logit_lens", "LL_KEY"), ("full", "QL_KEY")):
             if name == "LL_KEY" and "LL_KEY" in per_feature:

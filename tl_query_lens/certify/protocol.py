@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -27,6 +27,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.losses import Rule
+from tl_query_lens.config import resolve_config
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def certify_protocol(
     from tl_query_lens.corpus import load_corpus
     from tl_query_lens.documents import one_window_per_document
 
-    cfg = replace(cfg or ProtocolCertifyConfig(), **overrides)
+    cfg = resolve_config(ProtocolCertifyConfig, cfg, overrides)
     cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
     n_documents = n_eligible = None
     if cfg.protocol == "paper":

@@ -43,30 +43,28 @@ def run(args: argparse.Namespace) -> int:
     import plotly.graph_objects as go
 
     from tl_query_lens import FFKV, load_corpus, load_model
-    from tl_query_lens.operators import module_operators
-    from tl_query_lens.query_lens.channels import ChannelConfig, channel_analysis
+    from tl_query_lens.query_lens.channels import SubspaceChannelsConfig, subspace_channels
     from tl_query_lens.tracking import Tracker
 
     start = time.time()
     model = load_model(args.model, device=args.device)
     L = model.cfg.n_layers
     sources = parse_layers(args.sources, L)
-    op_layers = parse_layers(args.operator_layers, L) if args.operator_layers else list(range(min(sources) + 1, L))
     out = Path(args.out)
-    tokens = load_corpus(
-        args.corpus, model, n_seqs=args.op_seqs, seq_len=args.op_seq_len, split="train", seed=args.seed
-    )
-    ops = module_operators(model, tokens, op_layers, cache_dir=args.cache_dir or out / "operators")
-    operators = {name: ops[name] for name in ops}
-    values = {layer: FFKV.from_model(model, layer).W_dec.detach() for layer in sources}
-    cfg = ChannelConfig(
+    cfg = SubspaceChannelsConfig(
         destination=args.destination,
         fits=tuple(args.fits.split(",")),
         rank=args.rank,
         epochs=args.epochs,
         n_permutations=args.n_permutations,
+        operator_layers=tuple(parse_layers(args.operator_layers, L)) if args.operator_layers else None,
+        cache_dir=str(args.cache_dir or out / "operators"),
     )
-    result = channel_analysis(values, operators, n_layers=L, cfg=cfg)
+    tokens = load_corpus(
+        args.corpus, model, n_seqs=args.op_seqs, seq_len=args.op_seq_len, split="train", seed=args.seed
+    )
+    dictionaries = {layer: FFKV.from_model(model, layer) for layer in sources}
+    result = subspace_channels(model, dictionaries, tokens, cfg=cfg)
     result.save(out / "channels")
     elapsed = time.time() - start
     config = {k: v for k, v in vars(args).items() if k != "func"}

@@ -9,9 +9,6 @@ from tl_query_lens.cli import add_common_args, parse_layers
 
 logger = logging.getLogger(__name__)
 
-# Input% / Output% of the paper (GPT-2 small), for the side-by-side table.
-PAPER_GPT2 = {"LL_KEY": (7.84, 4.32), "LL_VALUE": (11.74, 12.57), "QL_KEY": (39.32, 1.97), "QL_VALUE": (26.43, 15.24)}
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("ql-evaluate", help="Table-1 input/output scores of Query Lens signatures")

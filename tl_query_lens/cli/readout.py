@@ -226,7 +226,7 @@ def _run_eval_paper(args: argparse.Namespace, model, sae, tokens) -> int:
     options = {"seed": args.seed}
     if args.baselines is not None:
         options["baselines"] = tuple(b for b in args.baselines.split(",") if b)
-    result = readout_diagnostics_paper(sae, model, states, **options)
+    result = readout_diagnostics_paper(model, sae, states, **options)
     result.save(Path(args.out) / "protocol_paper")
     scalars = {k: v for k, v in vars(result).items() if isinstance(v, (int, float))}
     config = {k: v for k, v in vars(args).items() if k != "func"}

@@ -40,8 +40,9 @@ from sae_lens import SAE
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.hooks import hook_layer
+from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -197,14 +198,13 @@ def first_letter_activations(
     model: HookedTransformer, hooks: list[str], *, cfg: AbsorptionConfig | None = None
 ) -> FirstLetterActivations:
     """Run the first-letter prompts once and keep every hook's activation at the word position."""
-    cfg = cfg or AbsorptionConfig()
+    cfg = resolve_config(AbsorptionConfig, cfg)
     words = first_letter_words(model.tokenizer, cfg.n_words, cfg.seed)
     n_train = round(len(words) * cfg.train_fraction)
     is_train = [i < n_train for i in range(len(words))]
     prompts, pos = build_first_letter_prompts(model, words, is_train, cfg)
     hooks = list(dict.fromkeys(hooks))
-    layers = [hook_layer(h) for h in hooks]
-    stop = None if None in layers or max(layers) + 1 >= model.cfg.n_layers else max(layers) + 1  # type: ignore
+    stop = stop_layer(hooks)
     acts: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     for start in tqdm(range(0, len(prompts), cfg.batch_size), desc="first-letter prompts", leave=False):
         batch = prompts[start : start + cfg.batch_size].to(model.cfg.device)
@@ -375,7 +375,7 @@ def first_letter_absorption(
 
     The probe reads the dictionary's write hook, the codes come from its read hook (module docstring).
     """
-    cfg = AbsorptionConfig(**{**(cfg.__dict__ if cfg else {}), **overrides})
+    cfg = resolve_config(AbsorptionConfig, cfg, overrides)
     view = as_key_value(dictionary)
     for hook in (view.read_hook, view.write_hook):
         if hook not in data.acts:

@@ -7,6 +7,9 @@ closed-form reduced-rank regression (exact least squares at rank r) and by the p
 of W is the *channel*: the rank-r subspace of the response the module writes. Channels are compared by overlap
 OL = ‖Q_iᵀQ_j‖_F² / r; same-destination pairs should overlap more than different-destination pairs (AUC,
 permutation p).
+
+:func:`subspace_channels` is the protocol (dictionaries and a corpus in, operators computed, one
+:class:`ChannelAnalysis` out); :func:`channel_analysis` is its core on given value vectors and operators.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import check_finite
@@ -312,6 +316,71 @@ def channel_analysis(
         summary=summary,
         config=dict(cfg.__dict__),
     )
+
+
+@dataclass
+class SubspaceChannelsConfig(ChannelConfig):
+    """Options of :func:`subspace_channels`: those of :class:`ChannelConfig` plus
+
+    Attributes:
+        operator_layers: blocks whose module operators are computed (None: the first source layer + 1 .. L − 1).
+        skip_positions / chunk / cache_dir: the operator engine's options (operators kept in ``cache_dir`` and
+            reused for the same corpus and blocks).
+    """
+
+    operator_layers: tuple[int, ...] | None = None
+    skip_positions: int = 0
+    chunk: int = 64
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.operator_layers is not None:
+            self.operator_layers = tuple(int(k) for k in self.operator_layers)
+            if not self.operator_layers:
+                raise ValueError("operator_layers must name at least one block (or be None for all downstream).")
+
+
+def subspace_channels(
+    model: HookedTransformer,
+    dictionaries: Mapping[int, Any],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    cfg: SubspaceChannelsConfig | None = None,
+    **overrides: Any,
+) -> ChannelAnalysis:
+    """The channels protocol: value vectors of each source layer's dictionary, module operators of the downstream
+    blocks on ``tokens``, then :func:`channel_analysis`.
+
+    Args:
+        model: the clean model.
+        dictionaries: source layer l → dictionary (anything :func:`~tl_query_lens.as_key_value` takes) whose values
+            are written at layer l (FF-KV of layer l, a transcoder or SAE writing there).
+        tokens: corpus of the module operators (train split).
+        cfg / overrides: :class:`SubspaceChannelsConfig` (keyword overrides replace single fields).
+    """
+    from tl_query_lens.dictionaries.key_value import as_key_value
+    from tl_query_lens.operators import module_operators
+
+    cfg = resolve_config(SubspaceChannelsConfig, cfg, overrides)
+    if not dictionaries:
+        raise ValueError("dictionaries is empty; pass {source layer: dictionary} for at least one layer.")
+    values = {}
+    for source, dictionary in dictionaries.items():
+        view = as_key_value(dictionary, model)
+        written = hook_layer(view.write_hook)
+        if written != source:
+            raise ValueError(
+                f"The dictionary given for source layer {source} writes at {view.write_hook} (layer {written}); "
+                f"key it by {written}."
+            )
+        values[source] = view.values
+    n_layers = model.cfg.n_layers
+    layers = cfg.operator_layers or tuple(range(min(values) + 1, n_layers))
+    operators = module_operators(
+        model, tokens, layers, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
+    )
+    return channel_analysis(values, {name: operators[name] for name in operators}, n_layers=n_layers, cfg=cfg)
 
 
 def _layer_of(module: str) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tl_query_lens.readout.decompose import decompose, vocab_mean_contrast
+from tl_query_lens.readout.decompose import decompose_rows, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
@@ -59,7 +59,7 @@ def dominant_features(sae: ReadoutSAE, rows: torch.Tensor, states: torch.Tensor,
     """argmax_i |c_i| of the vocabulary-mean contrast of ``tokens[j]`` at ``states[j]``."""
     out = []
     for h, t in zip(states, tokens.tolist()):
-        dec = decompose(sae, h, vocab_mean_contrast(t, sae.cfg.d_vocab), model=rows, n_top=0)
+        dec = decompose_rows(sae, h, vocab_mean_contrast(t, sae.cfg.d_vocab), rows, n_top=0)
         out.append(int(dec.contributions[0].abs().argmax()))
     return torch.tensor(out)
 
@@ -87,8 +87,6 @@ def cross_lens_check(
     """
     from tl_query_lens.primitives import cluster_bootstrap
 
-    if isinstance(model, ReadoutSAE):
-        raise TypeError("cross_lens_check takes (model, sae, ...): the model comes first, as in every method.")
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()

@@ -19,15 +19,16 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.readout.cross_lens import jacobian_lens
-from tl_query_lens.readout.decompose import decompose, token_logit, vocab_mean_contrast
+from tl_query_lens.readout.decompose import decompose_rows, token_logit, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
@@ -186,14 +187,14 @@ def _first_token(model, text: str | int) -> int:
 
 
 def _dominant(sae: ReadoutSAE, rows: torch.Tensor, h: torch.Tensor, alpha: torch.Tensor) -> int:
-    dec = decompose(sae, h, alpha, model=rows, n_top=0)
+    dec = decompose_rows(sae, h, alpha, rows, n_top=0)
     return int(dominant_active(dec.contributions, dec.beta)[0])
 
 
 @torch.no_grad()
 def cross_lens_prompts(
-    sae: ReadoutSAE,
     model,
+    sae: ReadoutSAE,
     operators_a: dict[int, torch.Tensor],
     operators_b: dict[int, torch.Tensor],
     bank: list[dict[str, Any]] | None = None,
@@ -204,14 +205,14 @@ def cross_lens_prompts(
     """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (DESIGN §6, module docstring.)
 
     Args:
-        sae: readout SAE of ``model``.
         model: the model (tokenizer, LN_f, W_U).
+        sae: readout SAE of ``model``.
         operators_a / operators_b: layer → value operator M_l (``value_operators(...)["blocks.l.hook_resid_post"]``)
             fitted on two corpora; must cover ``cfg.layers``.
         bank: prompts (default :func:`load_prompt_bank`).
         cfg: options; keywords override its fields.
     """
-    cfg = replace(cfg or CrossLensConfig(), **overrides)
+    cfg = resolve_config(CrossLensConfig, cfg, overrides)
     check_compatible(sae, model)
     bank = bank if bank is not None else load_prompt_bank()
     layers = cfg.layers or mid_band_layers(model.cfg.n_layers)

@@ -19,8 +19,9 @@ from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
+from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import check_dictionary_finite, check_finite, check_outputs
+from tl_query_lens.errors import InputTypeError, check_dictionary_finite, check_finite, check_outputs
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.readout.states import check_state
 from tl_query_lens.results import SavableResult
@@ -67,26 +68,26 @@ class Decomposition(SavableResult):
         return [(int(i), float(c[i])) for i in idx]
 
 
-def _rows_for(sae: ReadoutSAE, model) -> torch.Tensor:
+def _rows_for(sae: ReadoutSAE, model: HookedTransformer | None) -> torch.Tensor:
     if model is None:
         rows = sae.bound_rows
         if rows is None:
             raise ValueError(
                 "decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
-                "to), or call bind(sae, model) once."
+                "to), or call bind(model, sae) once."
             )
         return rows
-    if isinstance(model, torch.Tensor):
-        if model.shape != (sae.cfg.d_vocab, sae.cfg.d_in):
-            raise ValueError(
-                f"Rows of shape {tuple(model.shape)} do not match the readout SAE ({sae.cfg.d_vocab} × {sae.cfg.d_in})."
-            )
-        return model
+    if not isinstance(model, HookedTransformer):
+        raise InputTypeError(
+            f"decompose(model=) takes the HookedTransformer the readout SAE was fitted to, not a "
+            f"{type(model).__name__}. For LM-head rows [d_vocab, d_model] you already checked against the SAE, "
+            "call decompose_rows(sae, h, alpha, rows); or bind(model, sae) once and omit model=."
+        )
     check_compatible(sae, model)
     return unembedding_rows(model)
 
 
-def bind(sae: ReadoutSAE, model) -> ReadoutSAE:
+def bind(model: HookedTransformer, sae: ReadoutSAE) -> ReadoutSAE:
     """Check ``sae`` against ``model`` and remember its LM-head rows so ``decompose`` needs no ``model=``."""
     check_compatible(sae, model)
     sae.bound_rows = unembedding_rows(model).to(sae.W_dec.device)
@@ -117,7 +118,7 @@ def decompose(
     h: Float[torch.Tensor, "... d_model"],
     alpha: Float[torch.Tensor, " d_vocab"],
     *,
-    model=None,
+    model: HookedTransformer | None = None,
     n_top: int = 10,
     n_label: int = 6,
     dtype: torch.dtype = torch.float64,
@@ -128,16 +129,38 @@ def decompose(
         sae: a fitted :class:`ReadoutSAE`.
         h: decoded state(s) h̃ ([d_model] or [n, d_model]), e.g. ``LN_f(resid)`` or a fitted lens' output.
         alpha: dense coefficients over the vocabulary (see the family helpers in this module).
-        model: the model (checked against the dictionary) or its LM-head rows [d_vocab, d_model]; optional after
-            :func:`bind`. The model's tokenizer, when present, labels the top features.
+        model: the model the dictionary was fitted to (checked against it; its tokenizer labels the top features);
+            optional after :func:`bind` (and right after fitting).
         n_top: features listed in ``top_features`` (single state only).
         n_label: top unembedding rows per feature label.
         dtype: accumulation dtype (float64 keeps the identity at ~1e-12 relative).
     """
-    check_dictionary_finite(
-        sae, {"W_dec": sae.W_dec, "b_dec": sae.b_dec, "code_values": sae.code_values, "row_norms": sae.row_norms}
-    )
+    _check_finite_dictionary(sae)
     rows = _rows_for(sae, model)
+    tokenizer = getattr(model, "tokenizer", None)
+    return decompose_rows(sae, h, alpha, rows, n_top=n_top, n_label=n_label, dtype=dtype, tokenizer=tokenizer)
+
+
+@torch.no_grad()
+def decompose_rows(
+    sae: ReadoutSAE,
+    h: Float[torch.Tensor, "... d_model"],
+    alpha: Float[torch.Tensor, " d_vocab"],
+    rows: Float[torch.Tensor, "d_vocab d_model"],
+    *,
+    n_top: int = 10,
+    n_label: int = 6,
+    dtype: torch.dtype = torch.float64,
+    tokenizer=None,
+) -> Decomposition:
+    """:func:`decompose` against LM-head ``rows`` already checked against ``sae`` (the readout methods' inner loops
+    call it with the rows of one :func:`~tl_query_lens.readout.sae.check_compatible` check, so the float64 row
+    residuals stay cached across calls)."""
+    _check_finite_dictionary(sae)
+    if rows.shape != (sae.cfg.d_vocab, sae.cfg.d_in):
+        raise ValueError(
+            f"Rows of shape {tuple(rows.shape)} do not match the readout SAE ({sae.cfg.d_vocab} × {sae.cfg.d_in})."
+        )
     h = check_state(h, sae.cfg.d_in)
     alpha = check_alpha(alpha, sae.cfg.d_vocab).to(rows.device)
     single = h.ndim == 1
@@ -169,11 +192,8 @@ def decompose(
         projections=proj,
         alpha_sum=alpha_sum,
     )
-    check_outputs(result, "decompose", hint="The LM-head rows passed as model= hold NaN/inf.")
+    check_outputs(result, "decompose", hint="The LM-head rows hold NaN/inf.")
     if single:
-        tokenizer = (
-            getattr(model, "tokenizer", None) if model is not None and not isinstance(model, torch.Tensor) else None
-        )
         labels = feature_labels(sae, [i for i, _ in result.top(n_top)], n=n_label, tokenizer=tokenizer)
         result.top_features = [
             {
@@ -186,6 +206,12 @@ def decompose(
             for i, c in result.top(n_top)
         ]
     return result
+
+
+def _check_finite_dictionary(sae: ReadoutSAE) -> None:
+    check_dictionary_finite(
+        sae, {"W_dec": sae.W_dec, "b_dec": sae.b_dec, "code_values": sae.code_values, "row_norms": sae.row_norms}
+    )
 
 
 @torch.no_grad()

@@ -199,7 +199,7 @@ def ablation_regression(
     sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512, seed: int = 0
 ) -> AblationRegression:
     """Ablate each of the top-``n_features`` |c_i| of the top-1-vs-competitor score of held-out states."""
-    from tl_query_lens.readout.decompose import decompose
+    from tl_query_lens.readout.decompose import decompose_rows
 
     gen = torch.Generator().manual_seed(seed)
     rows = rows.float()
@@ -213,7 +213,7 @@ def ablation_regression(
         alpha[sb.top1[j]] += 1.0
         alpha[sb.runner_up[j]] -= 1.0
         h = bank.states[j]
-        dec = decompose(sae, h, alpha, model=rows, n_top=0)
+        dec = decompose_rows(sae, h, alpha, rows, n_top=0)
         q = alpha.double() @ rows.double()  # dense head direction q_α
         hd = h.double()
         s0 = hd @ q

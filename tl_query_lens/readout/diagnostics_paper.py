@@ -249,11 +249,11 @@ def contrast_scores(make: RowMaker, h: torch.Tensor, rows: torch.Tensor, t1: tor
 
 @torch.no_grad()
 def readout_diagnostics_paper(
-    sae: ReadoutSAE, model, bank: StateBank, *, cfg: PaperReadoutConfig | None = None, **overrides: Any
+    model, sae: ReadoutSAE, bank: StateBank, *, cfg: PaperReadoutConfig | None = None, **overrides: Any
 ) -> PaperReadoutDiagnostics:
     """The authors' diagnostics on decoded final-layer states ``bank`` (collect them with
     ``collect_states(model, tokens, [f"blocks.{L-1}.hook_resid_post"])``)."""
-    from tl_query_lens.readout.decompose import decompose
+    from tl_query_lens.readout.decompose import decompose_rows
     from tl_query_lens.readout.sae import check_compatible, unembedding_rows
 
     cfg = resolve_config(PaperReadoutConfig, cfg, overrides)
@@ -292,7 +292,7 @@ def readout_diagnostics_paper(
             else:
                 alpha -= 1.0 / V
                 alpha[pool["t1"][j]] += 1.0
-            dec = decompose(sae, h[j], alpha, model=rows, n_top=0)
+            dec = decompose_rows(sae, h[j], alpha, rows, n_top=0)
             c = dec.contributions[0]
             q = alpha @ rows.double()
             s0 = hd @ q

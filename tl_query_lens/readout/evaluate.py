@@ -135,8 +135,6 @@ def evaluate_readout(
 
     ``cfg`` / keyword ``overrides``: :class:`ReadoutEvalConfig` (baselines, ablation_states, n_boot, k-means sizes).
     """
-    if isinstance(model, ReadoutSAE):
-        raise TypeError("evaluate_readout takes (model, sae, states): the model comes first, as in every method.")
     cfg = resolve_config(ReadoutEvalConfig, cfg, overrides)
     check_compatible(sae, model)
     rows = unembedding_rows(model)

@@ -25,6 +25,7 @@ from sae_lens import SAE, SAEConfig, register_sae_class
 from sae_lens.registry import SAE_CLASS_REGISTRY
 from torch import nn
 
+from tl_query_lens.errors import InputTypeError
 from tl_query_lens.primitives import normalise_rows, topk_relu, topk_relu_codes
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,15 @@ def unembedding_rows(model) -> Float[torch.Tensor, "d_vocab d_model"]:
 
 
 def check_compatible(sae: ReadoutSAE, model, *, atol: float = 1e-3) -> None:
-    """Raise unless ``sae`` was fitted to ``model``'s unembedding (widths, vocabulary, and row norms a_t agree)."""
+    """Raise unless ``sae`` was fitted to ``model``'s unembedding (widths, vocabulary, and row norms a_t agree).
+
+    The readout methods call it first, so it also names the fix when a caller passed the SAE where the model goes.
+    """
+    if isinstance(model, ReadoutSAE):
+        raise InputTypeError(
+            "The readout SAE was passed where the model goes: every readout function takes the model first, "
+            "then the readout SAE, e.g. evaluate_readout(model, sae, states) or bind(model, sae)."
+        )
     d_model, d_vocab = model.cfg.d_model, model.cfg.d_vocab
     if sae.cfg.d_in != d_model:
         raise ValueError(
