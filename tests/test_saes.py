@@ -333,8 +333,28 @@ def test_biases_start_at_the_data_mean():
     assert torch.allclose(pre, torch.zeros_like(pre), atol=1e-5)  # the encoder sees x - mean
     tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
     init_biases_from_mean(tc, x_mean, y_mean)
-    assert torch.allclose(x_mean @ tc.W_enc + tc.b_enc, torch.zeros(40), atol=1e-5)
+    _, pre = tc.encode_with_hidden_pre(x_mean[None])
+    assert torch.allclose(pre, torch.zeros_like(pre), atol=1e-5)  # a fixed input centring, not a b_enc shift
     assert torch.equal(tc.b_dec.detach(), y_mean)
+
+
+def test_centred_transcoder_exports_and_resumes_exactly(tmp_path):
+    from tl_query_lens.saes.train import init_biases_from_mean
+
+    torch.manual_seed(1)
+    tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
+    init_biases_from_mean(tc, torch.randn(32) * 3, torch.randn(24))
+    with torch.no_grad():
+        tc.b_enc.add_(torch.randn(40) * 0.1)  # as after some training
+    x = torch.randn(7, 32) * 2 + 1
+    want = tc.decode(tc.encode(x))
+    tc.save_inference_model(tmp_path / "tc")
+    loaded = SAE.load_from_disk(str(tmp_path / "tc"))
+    assert isinstance(loaded, TopKTranscoder) and "input_mean" not in loaded.state_dict()
+    assert torch.allclose(loaded.decode(loaded.encode(x)), want, atol=1e-5)  # the mean is folded into b_enc
+    fresh = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
+    fresh.load_state_dict(tc.state_dict())  # a checkpoint restores the centring
+    assert torch.allclose(fresh.decode(fresh.encode(x)), want, atol=1e-6)
 
 
 def test_a_fresh_run_starts_every_dictionary_at_its_training_rows_mean(cache, monkeypatch):

@@ -46,6 +46,7 @@ from tl_query_lens.saes.transcoder import (
 logger = logging.getLogger(__name__)
 
 Kind = Literal["sae", "transcoder"]
+RECIPE = "transcoder-input-centred"  # code changes that alter trained weights; part of the checkpoint fingerprint
 
 
 @dataclass
@@ -79,8 +80,8 @@ class SAESuiteConfig:
         init_biases_from_mean: start the biases at the data mean (OpenAI's TopK recipe starts b_pre at the
             geometric median; SAELens 6 starts them at zero). The cached activations' mean carries 36-66% of their
             squared norm (docs/saes.md), so from zero a few features aligned with the mean win every token and the
-            rest die: an SAE's ``b_dec`` starts at the scaled input mean; a transcoder's ``b_enc`` starts at
-            ``-x̄ @ W_enc`` (centred pre-activations) and its ``b_dec`` at the output mean.
+            rest die: an SAE's ``b_dec`` starts at the scaled input mean; a transcoder subtracts a fixed input mean
+            before its encoder (folded into ``b_enc`` on export) and its ``b_dec`` starts at the output mean.
     """
 
     model: str = "smollm2-135m"
@@ -132,6 +133,7 @@ class SAESuiteConfig:
     def fingerprint(self) -> str:
         """Hash of everything that changes the trained weights (not ``n_checkpoints``)."""
         keys = {k: v for k, v in asdict(self).items() if k not in ("n_checkpoints", "activation_batch_size")}
+        keys["recipe"] = RECIPE
         return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -259,16 +261,16 @@ class _CheckpointingTrainer(MultiSAETrainer):
 def init_biases_from_mean(sae, x_mean: torch.Tensor, y_mean: torch.Tensor | None = None) -> None:
     """Start a TopK SAE or transcoder at the data mean (see ``SAESuiteConfig.init_biases_from_mean``).
 
-    SAE (``apply_b_dec_to_input``): ``b_dec = x̄``, so the encoder sees ``x − x̄``. Transcoder: ``b_enc = −x̄ W_enc``
-    (pre-activations centred on the data) and ``b_dec = ȳ`` (the output mean).
+    SAE (``apply_b_dec_to_input``): ``b_dec = x̄``, so the encoder sees ``x − x̄``. Transcoder: a fixed input mean
+    x̄ is subtracted before the encoder (``center_input``; folded into ``b_enc`` on export) and ``b_dec = ȳ``.
     """
     x_mean = x_mean.to(sae.W_enc)
     if y_mean is None:
         if not sae.cfg.apply_b_dec_to_input:
-            raise ValueError("An SAE without apply_b_dec_to_input needs b_enc centring; give it a transcoder's y_mean.")
+            raise ValueError("An SAE without apply_b_dec_to_input needs input centring; give it a transcoder's y_mean.")
         sae.b_dec.copy_(x_mean)
         return
-    sae.b_enc.copy_(-(x_mean @ sae.W_enc))
+    sae.center_input(x_mean)
     sae.b_dec.copy_(y_mean.to(sae.b_dec))
 
 

@@ -143,7 +143,25 @@ class TopKTrainingTranscoder(TopKTrainingSAE):
 
     def process_sae_in(self, sae_in: torch.Tensor) -> torch.Tensor:
         sae_in = self.hook_sae_input(sae_in.to(self.dtype))
-        return self.run_time_activation_norm_fn_in(sae_in)
+        sae_in = self.run_time_activation_norm_fn_in(sae_in)
+        return sae_in - self.input_mean if hasattr(self, "input_mean") else sae_in
+
+    def center_input(self, mean: torch.Tensor) -> None:
+        """Subtract a fixed input mean before the encoder during training (the transcoder's counterpart of an SAE's
+        ``b_dec``-on-input: with ``b_enc`` alone, every ``W_enc`` update shifts all pre-activations by
+        ``x̄·ΔW_enc``, faster than Adam moves ``b_enc`` back). Saved in checkpoints; folded into ``b_enc`` on export."""
+        self.register_buffer("input_mean", mean.detach().to(self.W_enc).clone())
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+        if "input_mean" in state_dict and not hasattr(self, "input_mean"):
+            self.center_input(state_dict["input_mean"])
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
+        super().process_state_dict_for_saving_inference(state_dict)
+        mean = state_dict.pop("input_mean", None)
+        if mean is not None:  # (x − x̄) W + b = x W + (b − x̄ W): the inference transcoder reads raw x
+            state_dict["b_enc"] = state_dict["b_enc"] - mean @ state_dict["W_enc"]
 
     def decode(self, feature_acts: torch.Tensor) -> torch.Tensor:
         return _decode_k_active(self, feature_acts)
