@@ -8,7 +8,7 @@ tokens of the N most-activating contexts whose normalised string is among T's no
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float, Int
@@ -47,6 +47,8 @@ class MaxActivations(SavableResult):
         activation: ``[d_sae, n_contexts]`` the feature's activation there.
         read_hook: hook the dictionary reads.
         corpus_fingerprint: fingerprint of the token corpus searched.
+        n_active: ``[d_sae]`` corpus sequences in which the feature's activation exceeds 0 somewhere (empty when
+            loaded from a result saved before this field existed).
     """
 
     seq: Int[torch.Tensor, "d_sae n_contexts"]
@@ -55,6 +57,7 @@ class MaxActivations(SavableResult):
     activation: Float[torch.Tensor, "d_sae n_contexts"]
     read_hook: str
     corpus_fingerprint: str
+    n_active: Int[torch.Tensor, " d_sae"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     @property
     def n_contexts(self) -> int:
@@ -113,6 +116,7 @@ def max_activating_contexts(
         activation=top_act,
         read_hook=view.read_hook,
         corpus_fingerprint=fingerprint,
+        n_active=(best > 0).sum(dim=0),
     )
 
 
