@@ -21,6 +21,7 @@ from tl_query_lens.cli import main
 from tl_query_lens.cli.dictionaries import load_dictionaries, parse_dictionaries
 from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
+from tl_query_lens.query_lens.max_activating import max_activating_contexts
 from tl_query_lens.query_lens.table1 import evaluate_table1
 
 LAYER, HOOK = 1, "blocks.1.hook_resid_post"
@@ -107,6 +108,24 @@ def test_active_selection_is_the_features_active_in_n_contexts_sequences():
         model, {"sae": sae}, tokens[:2], tokens, features_per_layer=47, feature_selection="uniform", **kw
     )
     assert set(DEAD) & set(uniform.features.tolist())  # the uniform rule does draw dead latents
+
+
+@torch.no_grad()
+def test_contexts_leave_out_the_first_positions():
+    model = tiny_model("gelu_ln")
+    sae = topk_sae(model)
+    tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
+    _, cache = model.run_with_cache(tokens, names_filter=HOOK)
+    acts = sae.encode(cache[HOOK])[:, 2:]  # reference: positions 2.. only
+    contexts = max_activating_contexts(model, sae, tokens, n_contexts=4, exclude_first_positions=2)
+    assert torch.equal(contexts.n_active, (acts > 0).any(dim=1).sum(dim=0))
+    best = acts.max(dim=1).values.T.topk(4, dim=1).values  # [d_sae, 4]
+    torch.testing.assert_close(contexts.activation, best)
+    assert (contexts.pos >= 2).all()
+    picked = acts[contexts.seq, contexts.pos - 2, torch.arange(48)[:, None]]
+    torch.testing.assert_close(picked, contexts.activation)
+    with pytest.raises(ValueError, match="must lie in 0..7"):
+        max_activating_contexts(model, sae, tokens, n_contexts=4, exclude_first_positions=8)
 
 
 @torch.no_grad()
@@ -197,7 +216,17 @@ def test_cli_ql_evaluate_scores_ffkv_and_an_sae_folder_side_by_side(tiny_cli, tm
     argv = ["ql-evaluate", "--dictionary", "ffkv", "--dictionary", str(folder), "--layers", "1"]
     argv += ["--features-per-layer", "3", "--k", "5", "--n-contexts", "4", "--n-seqs", "24", "--seq-len", "8"]
     argv += ["--op-seqs", "2", "--op-seq-len", "8", "--kl-targets", "0.1", "--n-generate", "3", "--n-steps", "2"]
-    argv += ["--n-prompts", "1", "--protocol", "paper", "--no-wandb", "--out", str(out)]
+    argv += [
+        "--n-prompts",
+        "1",
+        "--protocol",
+        "paper",
+        "--exclude-first-positions",
+        "1",
+        "--no-wandb",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     rows = list(csv.DictReader((out / "table1.csv").read_text().splitlines()))
     assert {r["dictionary"] for r in rows} == {"ffkv", "suite"}
@@ -206,6 +235,7 @@ def test_cli_ql_evaluate_scores_ffkv_and_an_sae_folder_side_by_side(tiny_cli, tm
     assert [r["dictionary"] for r in per_feature] == ["ffkv L1"] * 3 + [f"sae L1 {HOOK}"] * 3
     saved = SignatureEvaluation.load(out / "all")
     assert saved.config["feature_selection_by_dictionary"][f"sae L1 {HOOK}"]["rule"] == "active"
+    assert saved.config["exclude_first_positions"] == 1
 
 
 def test_cli_certify_paper_protocol_on_a_topk_sae(tiny_cli, tmp_path):

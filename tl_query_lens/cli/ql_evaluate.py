@@ -35,6 +35,13 @@ def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
         "--n-contexts evaluation sequences), 'auto' (uniform for FF-KV, active for SAEs)",
     )
     parser.add_argument("--features", default=None, help="explicit feature ids per layer, e.g. '0-24' (no sampling)")
+    parser.add_argument(
+        "--exclude-first-positions",
+        type=int,
+        default=0,
+        help="leading positions left out of the max-activating search (1 for the tlql-saes residual SAEs, "
+        "trained without position 0)",
+    )
     parser.add_argument("--k", type=int, default=25, help="signature size")
     parser.add_argument("--op-seqs", type=int, default=2, help="operator corpus: sequences (train split)")
     parser.add_argument("--op-seq-len", type=int, default=32)
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         op_seq_len=args.op_seq_len,
         features_per_layer=args.features_per_layer,
         feature_selection=args.feature_selection,
+        exclude_first_positions=args.exclude_first_positions,
         dictionary=args.dictionary,
         n_seqs=args.n_seqs,
         seq_len=args.seq_len,
@@ -116,7 +124,16 @@ def run_table1(
         ids = tuple(range(d_sae)) if ids is None else tuple(ids)
     options = {
         key: protocol[key]
-        for key in ("n_contexts", "kl_targets", "n_generate", "temperature", "n_steps", "protocol", "feature_selection")
+        for key in (
+            "n_contexts",
+            "kl_targets",
+            "n_generate",
+            "temperature",
+            "n_steps",
+            "protocol",
+            "feature_selection",
+            "exclude_first_positions",
+        )
         if key in protocol
     }
     cfg = Table1Config(

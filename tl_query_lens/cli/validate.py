@@ -44,7 +44,7 @@ POSITIVE_INTS = (
     "batch_size",
     "top",
 )
-NON_NEGATIVE_INTS = ("seed", "skip_positions")
+NON_NEGATIVE_INTS = ("seed", "skip_positions", "exclude_first_positions")
 OPEN_UNIT = ("delta", "alpha")
 POSITIVE_FLOATS = ("temperature", "max_seconds")
 # Range options and what they index: "layers" = the model's blocks, "features" = an FF-KV dictionary's neurons.
@@ -244,6 +244,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
     seq_len, skip = getattr(args, "seq_len", None), getattr(args, "skip_positions", None)
     if seq_len is not None and skip is not None and skip >= seq_len:
         raise InputError(f"--skip-positions {skip} leaves no position of --seq-len {seq_len}; lower it.")
+    exclude = getattr(args, "exclude_first_positions", None)
+    if seq_len is not None and exclude is not None and exclude >= seq_len:
+        raise InputError(f"--exclude-first-positions {exclude} leaves no position of --seq-len {seq_len}; lower it.")
     if args.command == "certify" and seq_len is not None and seq_len < 2:
         raise InputError("--seq-len must be ≥ 2 for certify (the loss scores next-token predictions).")
 

@@ -43,6 +43,8 @@ class Table1Config(EvaluationConfig):
             ≥ 20 examples per feature); a uniform draw from a trained SAE would also pick dead or rare latents whose
             "contexts" are arbitrary. ``"auto"``: ``"uniform"`` for FF-KV dictionaries (every SwiGLU/GELU neuron
             is non-zero almost everywhere, and their Table-1 rows stay as before), ``"active"`` for any other SAE.
+        exclude_first_positions: leading positions of every evaluation sequence left out of the max-activating
+            search and the active counts (1 for residual SAEs trained without position 0, e.g. the tlql-saes suite).
         methods: signature methods scored (names of :data:`SIGNATURE_METHODS`).
         skip_positions / chunk / cache_dir: the Query Lens engine's options (operators kept in ``cache_dir``).
         up_key: also score the authors' SwiGLU key (up-projection column at ``hook_resid_mid``) as LL_KEY_UP /
@@ -53,6 +55,7 @@ class Table1Config(EvaluationConfig):
     features_per_layer: int = 13
     features: tuple[int, ...] | None = None
     feature_selection: Literal["auto", "uniform", "active"] = "auto"
+    exclude_first_positions: int = 0
     methods: tuple[str, ...] = tuple(SIGNATURE_METHODS)
     skip_positions: int = 0
     chunk: int = 64
@@ -70,6 +73,8 @@ class Table1Config(EvaluationConfig):
             raise ValueError(
                 f"feature_selection must be 'auto', 'uniform' or 'active', got {self.feature_selection!r}."
             )
+        if self.exclude_first_positions < 0:
+            raise ValueError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
         if self.k < 1 or self.features_per_layer < 1:
             raise ValueError("k and features_per_layer must be ≥ 1.")
 
@@ -110,7 +115,9 @@ def evaluate_table1(
     # Max-activating contexts first: the "active" selection reads them, and a dictionary with too few active
     # features fails here, before any operator is computed.
     contexts = {
-        label: max_activating_contexts(model, d, evaluation_tokens, n_contexts=cfg.n_contexts)
+        label: max_activating_contexts(
+            model, d, evaluation_tokens, n_contexts=cfg.n_contexts, exclude_first_positions=cfg.exclude_first_positions
+        )
         for label, d in dictionaries.items()
     }
     gen = torch.Generator().manual_seed(cfg.seed)
