@@ -110,6 +110,19 @@ def test_active_selection_is_the_features_active_in_n_contexts_sequences():
     assert set(DEAD) & set(uniform.features.tolist())  # the uniform rule does draw dead latents
 
 
+def test_up_key_with_an_sae_fails_before_any_pass(monkeypatch):
+    from tl_query_lens.query_lens import table1
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a corpus pass ran before the up-key check")
+
+    monkeypatch.setattr(table1, "max_activating_contexts", no_pass)
+    model = tiny_model("gated_rms")
+    tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
+    with pytest.raises(ValueError, match="up-projection key exists for FF-KV"):
+        evaluate_table1(model, {"sae": topk_sae(model)}, tokens[:2], tokens, up_key=True, **SMALL)
+
+
 @torch.no_grad()
 def test_contexts_leave_out_the_first_positions():
     model = tiny_model("gelu_ln")

@@ -112,6 +112,13 @@ def evaluate_table1(
     """
     cfg = resolve_config(Table1Config, cfg, overrides)
     start = time.perf_counter()
+    up_views = {}
+    if cfg.up_key:
+        from tl_query_lens.dictionaries.key_value import as_key_value
+        from tl_query_lens.query_lens.paper_protocol import up_projection_key_view
+
+        # the authors' SwiGLU key exists for FF-KV only: any other dictionary fails here, before any pass
+        up_views = {label: up_projection_key_view(as_key_value(d, model), model) for label, d in dictionaries.items()}
     # Max-activating contexts first: the "active" selection reads them, and a dictionary with too few active
     # features fails here, before any operator is computed.
     contexts = {
@@ -129,12 +136,6 @@ def evaluate_table1(
         model, operator_tokens, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
     )
     sides = {SIGNATURE_METHODS[m] for m in cfg.methods}
-    up_views = {}
-    if cfg.up_key:
-        from tl_query_lens.dictionaries.key_value import as_key_value
-        from tl_query_lens.query_lens.paper_protocol import up_projection_key_view
-
-        up_views = {label: up_projection_key_view(as_key_value(d, model), model) for label, d in dictionaries.items()}
     lens.precompute(
         list(dictionaries.values()) + list(up_views.values()),
         value_methods={m for s, m in sides if s == "value"},
