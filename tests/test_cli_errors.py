@@ -141,6 +141,16 @@ CASES = [
         ["certify", "--dictionary", "ffkv,/no/such/sae"],
         "neither 'ffkv' nor an existing",
     ),
+    (
+        "certify_unknown_release",
+        ["certify", "--dictionary", "no-such-release:blocks.6.hook_resid_post"],
+        "is not a SAELens release known here",
+    ),
+    (
+        "ql_evaluate_missing_folder",
+        ["ql-evaluate", "--dictionary", "ffkv", "--dictionary", "/no/such/sae"],
+        "neither 'ffkv' nor an existing",
+    ),
     ("certify_too_few_sequences", ["certify", "--n-eval", "10"], "the minimum is N ="),
     ("certify_delta", ["certify", "--delta", "1.5"], "--delta must lie strictly between 0 and 1"),
     ("n_seqs_zero", ["ffkv", "--n-seqs", "0"], "--n-seqs must be ≥ 1"),

@@ -249,7 +249,7 @@ def test_cli_query_lens_evaluate_delegates(monkeypatch):
             ]
         )
     cfg = seen["cfg"]
-    assert seen["layers"] == [1, 2] and seen["op"] == (2, 8) and seen["ev"] == (512, 32)
+    assert seen["layers"] == ["ffkv L1", "ffkv L2"] and seen["op"] == (2, 8) and seen["ev"] == (512, 32)
     assert (cfg.features, cfg.k, cfg.kl_targets, cfg.n_contexts, cfg.n_generate) == (
         (0, 1, 2, 3, 4),
         10,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tl_query_lens.cli import add_common_args, parse_layers
+from tl_query_lens.cli import add_common_args
+from tl_query_lens.cli.dictionaries import add_dictionary_arg
 
 logger = logging.getLogger(__name__)
 
@@ -16,14 +17,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--layers",
         default="0,6,12,18,24,29",
-        help="FF-KV layers, e.g. '3,5' or '0-29' or 'all' (ignored for saved SAEs)",
+        help="FF-KV layers, e.g. '3,5' or '0-29' or 'all' (SAEs are read at their own hook)",
     )
-    parser.add_argument(
-        "--dictionary",
-        default="ffkv",
-        help="comma-separated: 'ffkv' (TopK FF-KV at each of --layers) and/or folders of SAEs saved "
-        "with save_model / the SAELens runner; all share one clean pass",
-    )
+    add_dictionary_arg(parser)  # all dictionaries share one clean pass
     parser.add_argument("--n-cal", type=int, default=1000, help="calibration sequences (builds the pool G*)")
     parser.add_argument(
         "--n-eval",
@@ -59,22 +55,11 @@ def add_parser(subparsers) -> None:
 
 def load_dictionaries(args: argparse.Namespace, model) -> dict[str, object]:
     """``{label: SAE}``: ``"ffkv L{l}"`` per layer (the whole MLP; TopK is applied at evaluation) and
-    ``"sae L{l} {folder}"`` per saved SAE."""
-    from pathlib import Path
+    ``"sae L{l} <name>"`` per saved SAE folder or ``release:sae_id``."""
+    from tl_query_lens.cli.dictionaries import load_dictionaries as load
+    from tl_query_lens.cli.dictionaries import parse_dictionaries
 
-    from tl_query_lens import FFKV
-    from tl_query_lens.dictionaries.saved import load_sae
-    from tl_query_lens.hooks import hook_layer
-
-    saes: dict[str, object] = {}
-    for item in args.dictionary.split(","):
-        if item == "ffkv":
-            for layer in parse_layers(args.layers, model.cfg.n_layers):
-                saes[f"ffkv L{layer}"] = FFKV.from_model(model, layer, "vanilla")
-        else:
-            sae = load_sae(item, device=str(model.cfg.device))  # checked; errors name the folder
-            saes[f"sae L{hook_layer(sae.cfg.metadata.hook_name)} {Path(item).name}"] = sae
-    return saes
+    return {d.label: d.sae for d in load(parse_dictionaries(args.dictionary), model, args.layers)}
 
 
 def _shuffle_labels(text: str | None) -> bool | list[str]:

@@ -1,11 +1,13 @@
-"""``tlql ql-evaluate``: the Query Lens paper's Table-1 protocol on FF-KV features of chosen layers, logged to W&B."""
+"""``tlql ql-evaluate``: the Query Lens paper's Table-1 protocol on features of FF-KV and/or SAELens dictionaries
+(one summary per dictionary family, side by side), logged to W&B."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
-from tl_query_lens.cli import add_common_args, parse_layers
+from tl_query_lens.cli import add_common_args
+from tl_query_lens.cli.dictionaries import add_dictionary_arg
 
 logger = logging.getLogger(__name__)
 
@@ -13,6 +15,7 @@ logger = logging.getLogger(__name__)
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("ql-evaluate", help="Table-1 input/output scores of Query Lens signatures")
     add_common_args(parser, out="results/ql_eval")
+    add_dictionary_arg(parser)
     add_evaluate_args(parser)
     parser.set_defaults(func=run)
 
@@ -20,8 +23,22 @@ def add_parser(subparsers) -> None:
 def add_evaluate_args(parser: argparse.ArgumentParser) -> None:
     """Options of the Table-1 protocol (shared with ``tlql query-lens --evaluate``)."""
     parser.add_argument("--layers", default="6,12,18,24", help="FF-KV layers, e.g. '6,12' or '0-29'")
-    parser.add_argument("--features-per-layer", type=int, default=13, help="seeded random sample per layer")
+    parser.add_argument("--features-per-layer", type=int, default=13, help="seeded random sample per dictionary")
+    parser.add_argument(
+        "--feature-selection",
+        choices=("auto", "uniform", "active"),
+        default="auto",
+        help="what the sample is drawn from: 'uniform' (every feature), 'active' (features firing in ≥ "
+        "--n-contexts evaluation sequences), 'auto' (uniform for FF-KV, active for SAEs)",
+    )
     parser.add_argument("--features", default=None, help="explicit feature ids per layer, e.g. '0-24' (no sampling)")
+    parser.add_argument(
+        "--exclude-first-positions",
+        type=int,
+        default=0,
+        help="leading positions left out of the max-activating search (1 for the tlql-saes residual SAEs, "
+        "trained without position 0)",
+    )
     parser.add_argument("--k", type=int, default=25, help="signature size")
     parser.add_argument("--op-seqs", type=int, default=2, help="operator corpus: sequences (train split)")
     parser.add_argument("--op-seq-len", type=int, default=32)
@@ -58,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         op_seqs=args.op_seqs,
         op_seq_len=args.op_seq_len,
         features_per_layer=args.features_per_layer,
+        feature_selection=args.feature_selection,
+        exclude_first_positions=args.exclude_first_positions,
+        dictionary=args.dictionary,
         n_seqs=args.n_seqs,
         seq_len=args.seq_len,
         n_contexts=args.n_contexts,
@@ -77,30 +97,40 @@ def run_table1(
     """Build the :class:`Table1Config` from the parsed options, call :func:`evaluate_table1`, save and log.
 
     ``tlql query-lens --evaluate`` passes its own layers / features / k / corpus options and keeps the protocol's
-    defaults (``protocol`` holds the ``ql-evaluate``-only options when given).
+    defaults (``protocol`` holds the ``ql-evaluate``-only options when given: ``dictionary``, ``n_seqs``, ...).
     """
     from pathlib import Path
 
-    from tl_query_lens import FFKV, load_corpus, load_model
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.cli.dictionaries import load_dictionaries, parse_dictionaries
     from tl_query_lens.cli.validate import parse_features
     from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
     from tl_query_lens.query_lens.table1 import PAPER_GPT2, Table1Config, evaluate_table1
     from tl_query_lens.tracking import Tracker
 
-    defaults = {"features_per_layer": 13, "n_seqs": 512, "seq_len": 32, "n_prompts": 4}
+    defaults = {"features_per_layer": 13, "n_seqs": 512, "seq_len": 32, "n_prompts": 4, "dictionary": None}
     protocol = {**defaults, **protocol}
     model = load_model(args.model, device=args.device)
-    layer_ids = parse_layers(layers, model.cfg.n_layers)
+    loaded = load_dictionaries(parse_dictionaries(protocol["dictionary"]), model, layers)
     out = Path(args.out)
-    saes = {layer: FFKV.from_model(model, layer) for layer in layer_ids}
-    d_sae = next(iter(saes.values())).cfg.d_sae
+    saes = {d.label: d.sae for d in loaded}
     ids = None
-    if features:  # validated before any operator is computed
+    if features:  # validated against every dictionary before any operator is computed
+        d_sae = min(int(sae.cfg.d_sae) for sae in saes.values())
         ids = parse_features(features, d_sae)
         ids = tuple(range(d_sae)) if ids is None else tuple(ids)
     options = {
         key: protocol[key]
-        for key in ("n_contexts", "kl_targets", "n_generate", "temperature", "n_steps", "protocol")
+        for key in (
+            "n_contexts",
+            "kl_targets",
+            "n_generate",
+            "temperature",
+            "n_steps",
+            "protocol",
+            "feature_selection",
+            "exclude_first_positions",
+        )
         if key in protocol
     }
     cfg = Table1Config(
@@ -119,12 +149,18 @@ def run_table1(
     )
     result = evaluate_table1(model, saes, op_tokens, ev_tokens, cfg=cfg)
     result.save(out / "all")
-    rows = result.summary(seed=args.seed)
+    groups = {d.group: [e.label for e in loaded if e.group == d.group] for d in loaded}
+    summaries = {group: result.select(labels).summary(seed=args.seed) for group, labels in groups.items()}
     seconds = result.config["seconds"]
     config = {key: v for key, v in vars(args).items() if key != "func"}
     with Tracker(out, project=args.wandb_project, name="ql-evaluate", config=config, use_wandb=args.wandb) as tracker:
-        columns = list(rows[0]) + ["paper_input", "paper_output"]
-        table = [[*r.values(), *PAPER_GPT2.get(r["method"], (None, None))] for r in rows]
+        first = next(iter(summaries.values()))
+        columns = ["dictionary", *first[0], "paper_input", "paper_output"]
+        table = [
+            [group, *r.values(), *PAPER_GPT2.get(r["method"], (None, None))]
+            for group, rows in summaries.items()
+            for r in rows
+        ]
         path = tracker.log_table("table1", columns, table)
         tracker.log_table("per_feature", *result.per_feature_table())
         tracker.log_scalars("timing", seconds)
@@ -137,7 +173,10 @@ def run_table1(
             },
         )
         tracker.log_artifact("ql_eval", [out / "all"])
-    print(f"Table 1 ({result.features.numel()} features, layers {layer_ids}): {path}")
-    print(result.format_summary(rows, PAPER_GPT2))
+    print(f"Table 1 ({result.features.numel()} features of {list(saes)}): {path}")
+    for group, rows in summaries.items():
+        labels = groups[group]
+        print(f"\n{group} ({rows[0]['n_features']} features of {len(labels)} dictionaries: {', '.join(labels)})")
+        print(result.format_summary(rows, PAPER_GPT2))
     print(f"total {seconds['total_s']:.0f} s (operators {seconds['operators_s']:.0f} s)")
     return 0

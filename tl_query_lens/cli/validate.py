@@ -44,7 +44,7 @@ POSITIVE_INTS = (
     "batch_size",
     "top",
 )
-NON_NEGATIVE_INTS = ("seed", "skip_positions")
+NON_NEGATIVE_INTS = ("seed", "skip_positions", "exclude_first_positions")
 OPEN_UNIT = ("delta", "alpha")
 POSITIVE_FLOATS = ("temperature", "max_seconds")
 # Range options and what they index: "layers" = the model's blocks, "features" = an FF-KV dictionary's neurons.
@@ -244,6 +244,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
     seq_len, skip = getattr(args, "seq_len", None), getattr(args, "skip_positions", None)
     if seq_len is not None and skip is not None and skip >= seq_len:
         raise InputError(f"--skip-positions {skip} leaves no position of --seq-len {seq_len}; lower it.")
+    exclude = getattr(args, "exclude_first_positions", None)
+    if seq_len is not None and exclude is not None and exclude >= seq_len:
+        raise InputError(f"--exclude-first-positions {exclude} leaves no position of --seq-len {seq_len}; lower it.")
     if args.command == "certify" and seq_len is not None and seq_len < 2:
         raise InputError("--seq-len must be ≥ 2 for certify (the loss scores next-token predictions).")
 
@@ -280,6 +283,8 @@ def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
             continue
         what = "--" + name.replace("_", "-")
         upper = None if dims is None else (dims.n_layers if kind == "layers" else dims.d_mlp)
+        if kind == "features" and _names_saes(args):
+            upper = None  # checked against every dictionary's width once they are loaded
         if kind == "features" and text.strip() == "all":
             continue
         if kind == "layers" and text.strip() == "all":
@@ -292,21 +297,19 @@ def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
                 raise InputError(f"--{name.replace('_', '-')} {value} exceeds the model context {dims.n_ctx}.")
 
 
-def _check_dictionaries(args: argparse.Namespace, dims: ModelDims | None) -> None:
-    from tl_query_lens.dictionaries.saved import check_sae_folder
+def _names_saes(args: argparse.Namespace) -> bool:
+    """True when ``--dictionary`` names anything besides FF-KV (whose width the embedded model's d_mlp gives)."""
+    from tl_query_lens.cli.dictionaries import dictionary_text
 
-    items = [item.strip() for item in args.dictionary.split(",")]
-    if not all(items):
-        raise InputError(f"--dictionary {args.dictionary!r} has an empty item; give 'ffkv' and/or SAE folders.")
-    for item in items:
-        if item == "ffkv":
-            continue
-        if not Path(item).exists():
-            raise MissingFileError(
-                f"--dictionary {item!r} is neither 'ffkv' nor an existing folder holding a saved "
-                "SAE (sae.save_model(folder) / the SAELens runner)."
-            )
-        check_sae_folder(item)
+    if not hasattr(args, "dictionary"):
+        return False
+    return any(item.strip() != "ffkv" for item in dictionary_text(args.dictionary).split(","))
+
+
+def _check_dictionaries(args: argparse.Namespace, dims: ModelDims | None) -> None:
+    from tl_query_lens.cli.dictionaries import parse_dictionaries
+
+    parse_dictionaries(args.dictionary)
     if dims is not None and getattr(args, "n_eval", None) is not None:
         from tl_query_lens.certify.bound import hoeffding_coefficient, loss_range_bits, min_sequences
 
@@ -332,7 +335,7 @@ def validate_args(args: argparse.Namespace) -> None:
             check_folder(args.__dict__[name], "--" + name.replace("_", "-"))
     if getattr(args, "corpus", None):
         check_corpus(args.corpus)
-    if getattr(args, "dictionary", None) is not None:
+    if hasattr(args, "dictionary"):
         _check_dictionaries(args, dims)
     if getattr(args, "sae_path", None):
         from tl_query_lens.dictionaries.saved import check_sae_folder

@@ -100,6 +100,20 @@ class EvaluationConfig:
             logger.warning("n_contexts=%d is below the paper's N ≥ 20.", self.n_contexts)
 
 
+# SignatureEvaluation's tensor fields and their feature axis (joined by concat, indexed by select).
+_FEATURE_AXIS = {
+    "features": 0,
+    "layers": 0,
+    "input_scores": 1,
+    "output_scores": 2,
+    "alphas": 1,
+    "search_kl": 1,
+    "achieved_kl": 1,
+    "steered_top": 1,
+    "signature_ids": 1,
+}
+
+
 @dataclass
 class SignatureEvaluation(SavableResult):
     """Per-feature input / output scores of every method (fractions in [0, 1]).
@@ -116,6 +130,8 @@ class SignatureEvaluation(SavableResult):
         steered_top: ``[n_targets, n, n_steered]`` the steering top tokens S.
         signature_ids: ``[n_methods, n, k]`` the scored token sets T (rows padded with -1 if methods differ in k).
         config: the protocol settings.
+        dictionaries: label of each feature's dictionary (set by :func:`~tl_query_lens.query_lens.table1.
+            evaluate_table1`; empty when unknown).
     """
 
     methods: list[str]
@@ -130,6 +146,7 @@ class SignatureEvaluation(SavableResult):
     steered_top: Int[torch.Tensor, "n_targets n n_steered"]
     signature_ids: Int[torch.Tensor, "n_methods n k"]
     config: dict = field(default_factory=dict)
+    dictionaries: list[str] = field(default_factory=list)
 
     @classmethod
     def concat(cls, results: Sequence[SignatureEvaluation]) -> SignatureEvaluation:
@@ -138,20 +155,36 @@ class SignatureEvaluation(SavableResult):
         for r in results[1:]:
             if r.methods != first.methods or list(r.kl_targets) != list(first.kl_targets):
                 raise ValueError("Only evaluations with the same methods and KL targets can be joined.")
-        cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)
+        labelled = all(len(r.dictionaries) == r.features.numel() for r in results)
         return cls(
-            first.methods,
-            cat("features", 0),
-            cat("layers", 0),
-            list(first.kl_targets),
-            cat("input_scores", 1),
-            cat("output_scores", 2),
-            cat("alphas", 1),
-            cat("search_kl", 1),
-            cat("achieved_kl", 1),
-            cat("steered_top", 1),
-            cat("signature_ids", 1),
-            dict(first.config),
+            methods=first.methods,
+            kl_targets=list(first.kl_targets),
+            config=dict(first.config),
+            dictionaries=[label for r in results for label in r.dictionaries] if labelled else [],
+            **{name: torch.cat([getattr(r, name) for r in results], dim=dim) for name, dim in _FEATURE_AXIS.items()},
+        )
+
+    def select(self, dictionaries: Sequence[str]) -> SignatureEvaluation:
+        """The features whose dictionary label is in ``dictionaries`` (e.g. the FF-KV rows apart from the SAE rows).
+
+        Raises:
+            UnknownNameError: a label that no feature carries (the message lists the labels present).
+        """
+        from tl_query_lens.errors import UnknownNameError
+
+        wanted = set(dictionaries)
+        if not wanted or wanted - set(self.dictionaries):
+            raise UnknownNameError(
+                f"No features of {sorted(wanted - set(self.dictionaries)) or 'no labels'}; labels present: "
+                f"{sorted(set(self.dictionaries))}."
+            )
+        keep = torch.tensor([j for j, label in enumerate(self.dictionaries) if label in wanted], dtype=torch.long)
+        return type(self)(
+            methods=list(self.methods),
+            kl_targets=list(self.kl_targets),
+            config=dict(self.config),
+            dictionaries=[self.dictionaries[j] for j in keep.tolist()],
+            **{name: getattr(self, name).index_select(dim, keep) for name, dim in _FEATURE_AXIS.items()},
         )
 
     def summary(self, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
@@ -169,12 +202,14 @@ class SignatureEvaluation(SavableResult):
     def per_feature_table(self) -> tuple[list[str], list[list]]:
         """``(columns, rows)``: one row per feature with α, achieved KL and every method's scores."""
         targets = [f"{t:g}" for t in self.kl_targets]
-        columns = ["layer", "feature"] + [f"alpha@{t}" for t in targets] + [f"kl@{t}" for t in targets]
+        labels = self.dictionaries if len(self.dictionaries) == self.features.numel() else None
+        columns = ["dictionary"] * (labels is not None) + ["layer", "feature"]
+        columns += [f"alpha@{t}" for t in targets] + [f"kl@{t}" for t in targets]
         for m in self.methods:
             columns += [f"{m}_input"] + [f"{m}_output@{t}" for t in targets]
         rows = []
         for j in range(self.features.numel()):
-            row = [int(self.layers[j]), int(self.features[j])]
+            row = [labels[j]] * (labels is not None) + [int(self.layers[j]), int(self.features[j])]
             row += [float(self.alphas[t, j]) for t in range(len(targets))]
             row += [float(self.achieved_kl[t, j]) for t in range(len(targets))]
             for m in range(len(self.methods)):

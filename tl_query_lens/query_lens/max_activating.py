@@ -8,7 +8,7 @@ tokens of the N most-activating contexts whose normalised string is among T's no
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float, Int
@@ -47,6 +47,8 @@ class MaxActivations(SavableResult):
         activation: ``[d_sae, n_contexts]`` the feature's activation there.
         read_hook: hook the dictionary reads.
         corpus_fingerprint: fingerprint of the token corpus searched.
+        n_active: ``[d_sae]`` corpus sequences in which the feature's activation exceeds 0 somewhere (empty when
+            loaded from a result saved before this field existed).
     """
 
     seq: Int[torch.Tensor, "d_sae n_contexts"]
@@ -55,6 +57,7 @@ class MaxActivations(SavableResult):
     activation: Float[torch.Tensor, "d_sae n_contexts"]
     read_hook: str
     corpus_fingerprint: str
+    n_active: Int[torch.Tensor, " d_sae"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     @property
     def n_contexts(self) -> int:
@@ -69,6 +72,7 @@ def max_activating_contexts(
     *,
     n_contexts: int = 20,
     batch_size: int = 16,
+    exclude_first_positions: int = 0,
 ) -> MaxActivations:
     """Top-``n_contexts`` corpus sequences of every feature by its maximum activation over positions.
 
@@ -81,12 +85,20 @@ def max_activating_contexts(
         tokens: corpus sequences; each row is one context.
         n_contexts: N, contexts kept per feature (the paper uses N ≥ 20).
         batch_size: sequences per forward pass.
+        exclude_first_positions: leading positions of every sequence left out of the search (and of ``n_active``):
+            a residual SAE trained without position 0 (the attention sink, as SAEBench leaves out BOS) fires there
+            on directions it never learnt, and such a context would say nothing about the feature.
     """
     view = as_key_value(dictionary, model)
     if tokens.ndim != 2 or tokens.shape[0] < n_contexts:
         raise ValueError(
             f"Need a [n_seqs, seq_len] corpus with at least n_contexts={n_contexts} rows, got shape "
             f"{tuple(tokens.shape)}; load more sequences with load_corpus(..., n_seqs=...)."
+        )
+    if not 0 <= exclude_first_positions < tokens.shape[1]:
+        raise ValueError(
+            f"exclude_first_positions={exclude_first_positions} must lie in 0..{tokens.shape[1] - 1} for sequences "
+            f"of {tokens.shape[1]} tokens."
         )
     fingerprint = corpus_fingerprint(tokens)
     stop = stop_layer([view.read_hook])
@@ -100,8 +112,9 @@ def max_activating_contexts(
     for start in tqdm(range(0, tokens.shape[0], batch_size), desc="max-activating contexts", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         model.run_with_hooks(batch, fwd_hooks=[(view.read_hook, grab)], stop_at_layer=stop)
-        acts = view.encode(captured.pop("x")).float().cpu()  # [b, pos, d_sae]
+        acts = view.encode(captured.pop("x")).float().cpu()[:, exclude_first_positions:]  # [b, pos, d_sae]
         value, index = acts.max(dim=1)
+        index += exclude_first_positions
         best[start : start + batch.shape[0]] = value
         where[start : start + batch.shape[0]] = index
     top_act, top_seq = best.T.topk(n_contexts, dim=1)  # [d_sae, N]
@@ -113,6 +126,7 @@ def max_activating_contexts(
         activation=top_act,
         read_hook=view.read_hook,
         corpus_fingerprint=fingerprint,
+        n_active=(best > 0).sum(dim=0),
     )
 
 
