@@ -49,7 +49,9 @@ def register() -> None:
     except ImportError as err:  # a broken install must not break `import sae_lens`
         logging.getLogger(__name__).warning(
             "tl_query_lens is installed but could not be imported (%s); its SAELens architectures are not "
-            "registered. Reinstall it, or set TLQL_SAELENS_AUTOLOAD=0 to silence this.", err)
+            "registered. Reinstall it, or set TLQL_SAELENS_AUTOLOAD=0 to silence this.",
+            err,
+        )
 
 
 def install() -> None:

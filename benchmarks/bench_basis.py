@@ -38,8 +38,13 @@ def main(argv: list[str] | None = None) -> dict:
     sae = FFKV.from_model(model, args.layer)
     gen = torch.Generator().manual_seed(args.seed)
     features = torch.randperm(sae.cfg.d_sae, generator=gen)[: args.features].tolist()
-    out = {"tokens": tokens.numel(), "layer": args.layer, "side": args.side, "features": features,
-           "threads": torch.get_num_threads()}
+    out = {
+        "tokens": tokens.numel(),
+        "layer": args.layer,
+        "side": args.side,
+        "features": features,
+        "threads": torch.get_num_threads(),
+    }
     directions = {}
     for basis in ("features", "identity"):
         lens = QueryLens(model, tokens, basis=basis, chunk=args.chunk, batch_size=args.batch_size, progress=False)

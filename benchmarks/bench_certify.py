@@ -45,15 +45,20 @@ def main() -> None:
 
     times = PassTimes()
     t0 = time.perf_counter()
-    cert = certify_many(model, {"proxy": splice}, cal, ev, CertifyConfig(k=args.k, batch_size=args.batch_size),
-                        times=times)["proxy"]
+    cert = certify_many(
+        model, {"proxy": splice}, cal, ev, CertifyConfig(k=args.k, batch_size=args.batch_size), times=times
+    )["proxy"]
     total = time.perf_counter() - t0
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, layer {args.layer}, "
-          f"N = {args.n_eval} x {args.seq_len} tokens, calibration {args.n_cal} x {args.seq_len}, TopK-{args.k}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, layer {args.layer}, "
+        f"N = {args.n_eval} x {args.seq_len} tokens, calibration {args.n_cal} x {args.seq_len}, TopK-{args.k}"
+    )
     reference = times.clean
-    print(f"reference: the clean pass over the evaluation split: {reference:.1f} s"
-          + (f" (a bare model(tokens) pass: {bare:.1f} s)" if bare is not None else ""))
+    print(
+        f"reference: the clean pass over the evaluation split: {reference:.1f} s"
+        + (f" (a bare model(tokens) pass: {bare:.1f} s)" if bare is not None else "")
+    )
     parts = [
         ("calibration pool (truncated pass + encode)", times.pool),
         ("clean pass (logits, losses, cached residual)", times.clean),
@@ -64,8 +69,10 @@ def main() -> None:
     ]
     for name, seconds in parts:
         print(f"  {name:<46} {seconds:8.1f} s   {seconds / reference:5.2f} x reference")
-    print(f"certificate: U = {cert.bound:.3f} bits (log2|V| = {cert.baseline_bits:.3f}), R_hat {cert.R_hat:.3f}, "
-          f"eps_hat {cert.eps_hat:.3f}, eta_hat {cert.eta_hat:.3f}, P {cert.P}/{cert.m}")
+    print(
+        f"certificate: U = {cert.bound:.3f} bits (log2|V| = {cert.baseline_bits:.3f}), R_hat {cert.R_hat:.3f}, "
+        f"eps_hat {cert.eps_hat:.3f}, eta_hat {cert.eta_hat:.3f}, P {cert.P}/{cert.m}"
+    )
 
 
 if __name__ == "__main__":

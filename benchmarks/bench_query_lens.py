@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> dict:
     n_layers = args.layers or model.cfg.n_layers
     d_mlp = model.cfg.d_mlp
     n_features = n_layers * d_mlp
-    print(f"model smollm2-135m, corpus {tuple(tokens.shape)} = {tokens.numel()} tokens, torch threads "
-          f"{torch.get_num_threads()}, layers 0..{n_layers - 1}, {n_features} FF-KV features")
+    print(
+        f"model smollm2-135m, corpus {tuple(tokens.shape)} = {tokens.numel()} tokens, torch threads "
+        f"{torch.get_num_threads()}, layers 0..{n_layers - 1}, {n_features} FF-KV features"
+    )
     rss_model = peak_rss_mib()
 
     # ----- reference: seeded sample of (layer, feature), timed per side ---------------------------------------------
@@ -60,17 +62,23 @@ def main(argv: list[str] | None = None) -> dict:
             query_lens_reference(model, tokens, sae, feature, side, clean=stream)
             times.append(time.perf_counter() - start)
         per_side[side] = sum(times) / len(times)
-        print(f"reference {side:5s}: {per_side[side]:.3f} s/feature (mean of {len(times)} timed features, layers "
-              f"{sorted(layers)})")
+        print(
+            f"reference {side:5s}: {per_side[side]:.3f} s/feature (mean of {len(times)} timed features, layers "
+            f"{sorted(layers)})"
+        )
     reference_total = (per_side["value"] + per_side["key"]) * n_features
-    print(f"reference key+value, all {n_features} features: {reference_total:.0f} s "
-          f"(= {per_side['value'] + per_side['key']:.3f} s/feature × {n_features}, SCALED LINEARLY from the sample)")
+    print(
+        f"reference key+value, all {n_features} features: {reference_total:.0f} s "
+        f"(= {per_side['value'] + per_side['key']:.3f} s/feature × {n_features}, SCALED LINEARLY from the sample)"
+    )
 
     # ----- engine: operators for every layer in one sweep per side, then every feature scored ------------------------
     start = time.perf_counter()
     lens = QueryLens(model, tokens, chunk=args.chunk, progress=False)
-    lens.precompute(value_hooks=[f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)],
-                    key_hooks=[f"blocks.{layer}.ln2.hook_normalized" for layer in range(n_layers)])
+    lens.precompute(
+        value_hooks=[f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)],
+        key_hooks=[f"blocks.{layer}.ln2.hook_normalized" for layer in range(n_layers)],
+    )
     operators_s = time.perf_counter() - start
     top_tokens = {}
     for layer in range(n_layers):
@@ -79,17 +87,27 @@ def main(argv: list[str] | None = None) -> dict:
         key = lens.key_signatures(sae, k=25, method="full")
         top_tokens[layer] = (value.top_ids[:, 0], key.top_ids[:, 0])
     engine_total = time.perf_counter() - start
-    print(f"engine key+value, all {n_features} features: {engine_total:.0f} s measured "
-          f"(operators {operators_s:.0f} s, scoring + top/bottom-25 {engine_total - operators_s:.0f} s)")
+    print(
+        f"engine key+value, all {n_features} features: {engine_total:.0f} s measured "
+        f"(operators {operators_s:.0f} s, scoring + top/bottom-25 {engine_total - operators_s:.0f} s)"
+    )
     ratio = reference_total / engine_total
     print(f"speed-up reference/engine: {ratio:.1f}x (target >= 20x)")
     rss = peak_rss_mib()
     print(f"peak RSS: {rss:.0f} MiB (after model load {rss_model:.0f} MiB; ru_maxrss of the whole process)")
     figures = {
-        "tokens": list(tokens.shape), "threads": torch.get_num_threads(), "n_layers": n_layers,
-        "n_features": n_features, "reference_s_per_feature": per_side, "reference_sample": args.sample,
-        "reference_total_s_scaled": reference_total, "engine_operators_s": operators_s,
-        "engine_total_s": engine_total, "ratio": ratio, "peak_rss_mib": rss, "model_rss_mib": rss_model,
+        "tokens": list(tokens.shape),
+        "threads": torch.get_num_threads(),
+        "n_layers": n_layers,
+        "n_features": n_features,
+        "reference_s_per_feature": per_side,
+        "reference_sample": args.sample,
+        "reference_total_s_scaled": reference_total,
+        "engine_operators_s": operators_s,
+        "engine_total_s": engine_total,
+        "ratio": ratio,
+        "peak_rss_mib": rss,
+        "model_rss_mib": rss_model,
         "chunk": args.chunk,
     }
     if args.json:

@@ -43,11 +43,26 @@ def build_model(small: bool, dtype: torch.dtype, device: str):
     from transformer_lens import HookedTransformerConfig
 
     if small:
-        shape = dict(n_layers=4, d_model=64, d_head=16, n_heads=4, d_mlp=256, n_ctx=64, d_vocab=503)
+        shape = {"n_layers": 4, "d_model": 64, "d_head": 16, "n_heads": 4, "d_mlp": 256, "n_ctx": 64, "d_vocab": 503}
     else:  # GPT-2 small
-        shape = dict(n_layers=12, d_model=768, d_head=64, n_heads=12, d_mlp=3072, n_ctx=1024, d_vocab=50257)
-    cfg = HookedTransformerConfig(**shape, act_fn="gelu_new", normalization_type="LN",
-                                  positional_embedding_type="standard", seed=0, dtype=dtype, device=device)
+        shape = {
+            "n_layers": 12,
+            "d_model": 768,
+            "d_head": 64,
+            "n_heads": 12,
+            "d_mlp": 3072,
+            "n_ctx": 1024,
+            "d_vocab": 50257,
+        }
+    cfg = HookedTransformerConfig(
+        **shape,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        positional_embedding_type="standard",
+        seed=0,
+        dtype=dtype,
+        device=device,
+    )
     model = HookedSAETransformer(cfg)
     model.eval()
     return model
@@ -83,9 +98,17 @@ def main(argv: list[str] | None = None) -> dict:
     tokens = torch.randint(0, model.cfg.d_vocab, (n_seqs, args.seq_len), generator=gen)
     layer = model.cfg.n_layers // 2
     hook, read = f"blocks.{layer}.hook_resid_post", f"blocks.{layer}.ln2.hook_normalized"
-    engine = dict(chunk=args.chunk, batch_size=args.batch_size, progress=False)
-    out: dict = {"device": str(device), "dtype": args.dtype, "small": args.small, "tokens": tokens.numel(),
-                 "d_model": model.cfg.d_model, "n_layers": model.cfg.n_layers, "layer": layer, "steps": {}}
+    engine = {"chunk": args.chunk, "batch_size": args.batch_size, "progress": False}
+    out: dict = {
+        "device": str(device),
+        "dtype": args.dtype,
+        "small": args.small,
+        "tokens": tokens.numel(),
+        "d_model": model.cfg.d_model,
+        "n_layers": model.cfg.n_layers,
+        "layer": layer,
+        "steps": {},
+    }
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -106,12 +129,15 @@ def main(argv: list[str] | None = None) -> dict:
     n_tok = tokens.numel()
     value = step("value operator (reverse)", lambda: value_operators(model, tokens, [hook], **engine), n_tok)
     key = step("key operator (forward)", lambda: key_operators(model, tokens, [read], **engine), n_tok)
-    step("module operators", lambda: module_operators(model, tokens, range(layer + 1, model.cfg.n_layers),
-                                                       **engine), n_tok)
+    step(
+        "module operators",
+        lambda: module_operators(model, tokens, range(layer + 1, model.cfg.n_layers), **engine),
+        n_tok,
+    )
     ffkv = FFKV.from_model(model, layer, "topk", k=32)
     features = list(range(8))
     lens = QueryLens(model, tokens, **engine)
-    lens.precompute(value_hooks=[hook], key_hooks=[read], module_layers=range(layer + 1, model.cfg.n_layers))
+    lens.precompute([ffkv], value_methods=("full", "first_order"), key_methods=("full",))  # the hooks of ffkv
     for method in ("full", "first_order"):
         step(f"value signatures ({method})", lambda m=method: lens.value_signatures(ffkv, features, method=m))
     step("key signatures (full)", lambda: lens.key_signatures(ffkv, features))
@@ -119,18 +145,38 @@ def main(argv: list[str] | None = None) -> dict:
     pushed = step("value sigs, feature basis", lambda: fresh.value_signatures(ffkv, features, method="full"), n_tok)
     step("key sigs, feature basis", lambda: fresh.key_signatures(ffkv, features), n_tok)
     held = lens.value_signatures(ffkv, features, method="full")
-    out["feature_basis_rel_diff"] = float((pushed.directions - held.directions).abs().max()
-                                          / held.directions.abs().max())
+    out["feature_basis_rel_diff"] = float(
+        (pushed.directions - held.directions).abs().max() / held.directions.abs().max()
+    )
     eval_tokens = tokens[: min(n_seqs, 256)]
-    step("FF-KV splice metrics", lambda: splice_metrics(model, ffkv, eval_tokens, batch_size=args.batch_size),
-         eval_tokens.numel())
-    cal, ev = tokens[:4], tokens[4: 4 + min(n_seqs - 4, 256)]
-    cert = step("certificate", lambda: certify(model, FFKV.from_model(model, layer), cal, ev, k=32,
-                                               n_schedule=[len(ev)], batch_size=args.batch_size), ev.numel())
+    step(
+        "FF-KV splice metrics",
+        lambda: splice_metrics(model, ffkv, eval_tokens, batch_size=args.batch_size),
+        eval_tokens.numel(),
+    )
+    cal, ev = tokens[:4], tokens[4 : 4 + min(n_seqs - 4, 256)]
+    cert = step(
+        "certificate",
+        lambda: certify(
+            model, FFKV.from_model(model, layer), cal, ev, k=32, n_schedule=[len(ev)], batch_size=args.batch_size
+        ),
+        ev.numel(),
+    )
     out["certificate_bound_bits"] = round(cert.bound, 4)
-    fit = step("readout fit (50 steps)", lambda: fit_readout(
-        model, tokens[:8], width=4 * model.cfg.d_model, k=16, steps=50, batch_rows=512, batch_pairs=128,
-        use_wandb=False, progress=False, log_every=50))
+    fit = step(
+        "readout fit (50 steps)",
+        lambda: fit_readout(
+            model,
+            tokens[:8],
+            width=4 * model.cfg.d_model,
+            k=16,
+            steps=50,
+            batch_rows=512,
+            batch_pairs=128,
+            progress=False,
+            log_every=50,
+        ),
+    )
     h = torch.randn(model.cfg.d_model, generator=gen).to(device, dtype)
     step("readout decomposition", lambda: decompose(fit.sae, h, token_logit(0, model.cfg.d_vocab), model=model))
 
@@ -139,15 +185,20 @@ def main(argv: list[str] | None = None) -> dict:
     cpu_model = copy.deepcopy(model).to("cpu").float()
     cpu_model.cfg.dtype = torch.float32
     agreement = {}
-    for name, run in (("value", lambda m: value_operators(m, part, [hook], **engine)[hook]),
-                      ("key", lambda m: key_operators(m, part, [read], **engine)[read])):
+    for name, run in (
+        ("value", lambda m: value_operators(m, part, [hook], **engine)[hook]),
+        ("key", lambda m: key_operators(m, part, [read], **engine)[read]),
+    ):
         ours, ref = run(model).cpu(), run(cpu_model)
         agreement[name] = float((ours - ref).abs().max() / ref.abs().max())
     out["agreement_rel_max"] = agreement
     out["operator_device"] = str(value[hook].device)
     log.info("agreement with the CPU (max |Δ| / max |ref|, %d sequences): %s", args.slice, agreement)
-    log.info("peak memory: %.3f GiB (%s)", peak_memory_gib(device),
-             "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS")
+    log.info(
+        "peak memory: %.3f GiB (%s)",
+        peak_memory_gib(device),
+        "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS",
+    )
     del key
     if args.json:
         with open(args.json, "w") as f:

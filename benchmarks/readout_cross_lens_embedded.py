@@ -43,7 +43,9 @@ def main() -> None:
     sae = SAE.from_pretrained("tlql-readout-smollm2-135m", "cpu")
     hooks = [f"blocks.{int(x)}.hook_resid_post" for x in args.layers.split(",")]
     corpus_a = load_corpus("embedded", model, n_seqs=args.fit_seqs, seq_len=args.seq_len, split="train", seed=0)
-    corpus_b = load_corpus(license_documents(), model, n_seqs=args.fit_seqs, seq_len=args.seq_len, split="train", seed=0)
+    corpus_b = load_corpus(
+        license_documents(), model, n_seqs=args.fit_seqs, seq_len=args.seq_len, split="train", seed=0
+    )
     cache = Path(args.operator_cache) if args.operator_cache else None
     ops_a = value_operators(model, corpus_a, hooks, skip_positions=1, cache_dir=cache and cache / "a")
     ops_b = value_operators(model, corpus_b, hooks, skip_positions=1, cache_dir=cache and cache / "b")
@@ -54,15 +56,30 @@ def main() -> None:
     for hook in hooks:
         resid = cache[hook][:, 1:].reshape(-1, model.cfg.d_model)
         seq = torch.arange(frozen.shape[0]).repeat_interleave(frozen.shape[1] - 1)
-        res = cross_lens_check(sae, model, resid, ops_a[hook], ops_b[hook], sequence=seq, hook=hook)
+        res = cross_lens_check(model, sae, resid, ops_a[hook], ops_b[hook], sequence=seq, hook=hook)
         res.save(Path(args.out) / hook)
-        summary[hook] = {k: getattr(res, k) for k in ("n_states", "token_disagreement", "feature_agreement",
-                                                        "feature_agreement_ci", "null_shuffled", "null_random_token",
-                                                        "agreement_when_tokens_differ")}
+        summary[hook] = {
+            k: getattr(res, k)
+            for k in (
+                "n_states",
+                "token_disagreement",
+                "feature_agreement",
+                "feature_agreement_ci",
+                "null_shuffled",
+                "null_random_token",
+                "agreement_when_tokens_differ",
+            )
+        }
         diff = (res.tokens_a != res.tokens_b).nonzero().squeeze(-1)[:5].tolist()
         summary[hook]["examples"] = [
-            {"lens_a": model.to_string([int(res.tokens_a[j])]), "lens_b": model.to_string([int(res.tokens_b[j])]),
-             "feature_a": int(res.dominant_a[j]), "feature_b": int(res.dominant_b[j])} for j in diff]
+            {
+                "lens_a": model.to_string([int(res.tokens_a[j])]),
+                "lens_b": model.to_string([int(res.tokens_b[j])]),
+                "feature_a": int(res.dominant_a[j]),
+                "feature_b": int(res.dominant_b[j]),
+            }
+            for j in diff
+        ]
     write_json(Path(args.out) / "summary.json", summary)
     print(json.dumps(summary, indent=1, ensure_ascii=False))
 

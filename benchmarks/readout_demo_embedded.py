@@ -18,8 +18,12 @@ from tl_query_lens.readout.states import logit_lens
 
 CASES = [
     ("software", "The programmer reproduced the crash and filed a", " bug", " insect"),
-    ("insect", "In the garden, my daughter found a small beetle on a leaf and said it was a cute little", " bug",
-     " error"),
+    (
+        "insect",
+        "In the garden, my daughter found a small beetle on a leaf and said it was a cute little",
+        " bug",
+        " error",
+    ),
 ]
 
 
@@ -38,10 +42,14 @@ def main() -> None:
             h = logit_lens(model)(cache[hook][0, -1]).float()
             dec = decompose(sae, h, margin(p, n, model.cfg.d_vocab), model=model, n_top=5)
             out[name][hook] = {
-                "exact": dec.exact.item(), "sum_contributions": dec.contributions.sum().item(),
-                "residual": dec.residual.item(), "rho0": (dec.residual.abs() / dec.exact.abs()).item(),
-                "top": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
-                        for r in dec.top_features]}
+                "exact": dec.exact.item(),
+                "sum_contributions": dec.contributions.sum().item(),
+                "residual": dec.residual.item(),
+                "rho0": (dec.residual.abs() / dec.exact.abs()).item(),
+                "top": [
+                    {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in dec.top_features
+                ],
+            }
     print(json.dumps(out, indent=1, ensure_ascii=False))
 
 

@@ -7,6 +7,7 @@ Held-out states: the embedded corpus' evaluation split, logit lens at the defaul
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
@@ -36,18 +37,31 @@ def main() -> None:
     sae = SAE.from_pretrained("tlql-readout-smollm2-135m", args.sae_id)
     tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=1)
     states = collect_states(model, tokens)
+    widths = tuple(int(w) for w in args.kmeans_widths.split(",")) if args.kmeans_widths else None
+    report = evaluate_readout(
+        model,
+        sae,
+        states,
+        baselines=[b for b in args.baselines.split(",") if b],
+        kmeans_widths=widths,
+        kmeans_iters=args.kmeans_iters,
+        ridge_k=args.ridge_k,
+        ablation_states=args.ablation_states,
+    )
+    report.save(args.out)
     with Tracker(args.out, name="readout-eval", config=vars(args)) as tracker:
-        widths = tuple(int(w) for w in args.kmeans_widths.split(",")) if args.kmeans_widths else None
-        report = evaluate_readout(sae, model, states, baselines=[b for b in args.baselines.split(",") if b],
-                                  kmeans_widths=widths, kmeans_iters=args.kmeans_iters, ridge_k=args.ridge_k,
-                                  ablation_states=args.ablation_states, tracker=tracker)
-        report.save(args.out)
+        tracker.log_table("readout_vs_baselines", *report.table())
     cols, rows = report.table()
-    print(json.dumps({"hooks": states.hooks, "n_states": len(states), "ablation": report.ablation}, indent=1))
+    ablation = dataclasses.asdict(report.ablation) if report.ablation is not None else None
+    print(json.dumps({"hooks": states.hooks, "n_states": len(states), "ablation": ablation}, indent=1))
     print(" | ".join(cols))
     for r in rows:
-        print(" | ".join(f"{v:.3f}" if isinstance(v, float) else
-                         (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else str(v)) for v in r))
+        print(
+            " | ".join(
+                f"{v:.3f}" if isinstance(v, float) else (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else str(v))
+                for v in r
+            )
+        )
 
 
 if __name__ == "__main__":

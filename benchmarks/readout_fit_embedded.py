@@ -25,12 +25,22 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     model = load_model("smollm2-135m", device="cpu")
     start = time.perf_counter()
-    fit = fit_readout(model, out_dir=args.out, max_seconds=args.max_seconds)
+    fit = fit_readout(model, max_seconds=args.max_seconds)
+    fit.save(args.out)
     seconds = time.perf_counter() - start
     path = cached_sae_path("smollm2-135m", args.sae_id)
     fit.sae.save_model(path)
-    print(json.dumps({"wall_seconds_total": seconds, "final": fit.final, "last": fit.history[-1] if fit.history else None,
-                      "saved": str(path)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "wall_seconds_total": seconds,
+                "final": fit.final,
+                "last": fit.history[-1] if fit.history else None,
+                "saved": str(path),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Markdown tables and a small plots page (plotly.js from CDN) for docs/certification.md from a `tlql certify` folder.
 
-    PYTHONPATH=$PWD python docs/certification_tables.py results/certify_sweep docs/certification_plots.html
+PYTHONPATH=$PWD python docs/certification_tables.py results/certify_sweep docs/certification_plots.html
 """
 
 import csv
@@ -15,8 +15,24 @@ from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figu
 def main(folder: str, html_out: str) -> None:
     root = Path(folder)
     rows = list(csv.DictReader((root / "certificates.csv").read_text().splitlines()))
-    cols = ["label", "proxy", "N", "P", "m", "R_hat", "eps_hat", "eta_hat", "bound", "bound_occam", "nontrivial",
-            "N_star", "N_star_observed", "kl_bits", "top1_agreement", "mean_gap_bits"]
+    cols = [
+        "label",
+        "proxy",
+        "N",
+        "P",
+        "m",
+        "R_hat",
+        "eps_hat",
+        "eta_hat",
+        "bound",
+        "bound_occam",
+        "nontrivial",
+        "N_star",
+        "N_star_observed",
+        "kl_bits",
+        "top1_agreement",
+        "mean_gap_bits",
+    ]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
@@ -44,8 +60,11 @@ def main(folder: str, html_out: str) -> None:
     for i, n in enumerate(ns):
         print(f"| {n} | " + " | ".join(f"{certs[k].curve_bound[i]:.3f}" for k in names) + " |")
     print("\nTimes (s):", json.loads((root / "times.json").read_text()))
-    figs = [bound_vs_n_figure(certs), bound_vs_n_figure(certs, occam=True, title="Occam bound vs N"),
-            gap_distribution_figure(certs, shuffled)]
+    figs = [
+        bound_vs_n_figure(certs),
+        bound_vs_n_figure(certs, occam=True, title="Occam bound vs N"),
+        gap_distribution_figure(certs, shuffled),
+    ]
     html = "".join(f.to_html(include_plotlyjs="cdn" if i == 0 else False, full_html=False) for i, f in enumerate(figs))
     Path(html_out).write_text(f"<html><body><h1>tlql certify: {root}</h1>{html}</body></html>", encoding="utf-8")
 

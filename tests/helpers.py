@@ -15,32 +15,76 @@ STYLES: tuple[Style, ...] = ("gelu_ln", "gated_rms")
 
 def tiny_config(style: Style = "gelu_ln", **overrides) -> HookedTransformerConfig:
     """A 3-layer random config: GELU/LayerNorm/learned positions, or SiLU-gated/RMSNorm/rotary (Llama-like, GQA)."""
-    common = dict(n_layers=3, d_model=32, d_head=8, n_heads=4, d_mlp=64, n_ctx=32, d_vocab=61, seed=0)
+    common = {
+        "n_layers": 3,
+        "d_model": 32,
+        "d_head": 8,
+        "n_heads": 4,
+        "d_mlp": 64,
+        "n_ctx": 32,
+        "d_vocab": 61,
+        "seed": 0,
+    }
     if style == "gelu_ln":
-        kw = dict(act_fn="gelu", normalization_type="LN", positional_embedding_type="standard")
+        kw = {"act_fn": "gelu", "normalization_type": "LN", "positional_embedding_type": "standard"}
     else:
-        kw = dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=8,
-                  gated_mlp=True, final_rms=True, n_key_value_heads=2)
+        kw = {
+            "act_fn": "silu",
+            "normalization_type": "RMS",
+            "positional_embedding_type": "rotary",
+            "rotary_dim": 8,
+            "gated_mlp": True,
+            "final_rms": True,
+            "n_key_value_heads": 2,
+        }
     return HookedTransformerConfig(**{**common, **kw, **overrides})
 
 
 # The architecture matrix: tiny random configs mirroring the families users run (DESIGN §4; issue 13).
 ARCHITECTURES: dict[str, dict] = {
     # GPT-2: LayerNorm, learned positions, gelu_new, qkv biases.
-    "gpt2": dict(act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard"),
+    "gpt2": {"act_fn": "gelu_new", "normalization_type": "LN", "positional_embedding_type": "standard"},
     # Pythia (GPT-NeoX): parallel attention/MLP, partial rotary (rotary_dim < d_head), LayerNorm, gelu.
-    "pythia": dict(act_fn="gelu", normalization_type="LN", positional_embedding_type="rotary", rotary_dim=4,
-                   parallel_attn_mlp=True),
+    "pythia": {
+        "act_fn": "gelu",
+        "normalization_type": "LN",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 4,
+        "parallel_attn_mlp": True,
+    },
     # Gemma-2: RMS pre+post norms around each module, attention and final-logit soft-capping, gated gelu_pytorch_tanh.
-    "gemma2": dict(act_fn="gelu_pytorch_tanh", normalization_type="RMS", positional_embedding_type="rotary",
-                   rotary_dim=8, gated_mlp=True, final_rms=True, use_normalization_before_and_after=True,
-                   attn_scores_soft_cap=5.0, output_logits_soft_cap=3.0, n_key_value_heads=2),
+    "gemma2": {
+        "act_fn": "gelu_pytorch_tanh",
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "gated_mlp": True,
+        "final_rms": True,
+        "use_normalization_before_and_after": True,
+        "attn_scores_soft_cap": 5.0,
+        "output_logits_soft_cap": 3.0,
+        "n_key_value_heads": 2,
+    },
     # Llama: RMS, rotary, GQA, SiLU-gated MLP.
-    "llama": dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=8,
-                  gated_mlp=True, final_rms=True, n_key_value_heads=2),
+    "llama": {
+        "act_fn": "silu",
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "gated_mlp": True,
+        "final_rms": True,
+        "n_key_value_heads": 2,
+    },
     # Qwen: Llama-like with biases on q, k, v.
-    "qwen": dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=8,
-                 gated_mlp=True, final_rms=True, n_key_value_heads=2),
+    "qwen": {
+        "act_fn": "silu",
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 8,
+        "gated_mlp": True,
+        "final_rms": True,
+        "n_key_value_heads": 2,
+    },
 }
 _QKV_BIASES = {"gpt2", "pythia", "qwen"}
 
@@ -110,9 +154,20 @@ def tiny_readout(model, d_sae: int = 128, k: int = 8, seed: int = 3):
     from tl_query_lens.readout.sae import unembedding_rows
 
     d, V = model.cfg.d_model, model.cfg.d_vocab
-    cfg = ReadoutSAEConfig(d_in=d, d_sae=d_sae, d_vocab=V, k=k, dtype="float32", device="cpu",
-                           metadata=SAEMetadata(model_name=model.cfg.model_name, hook_name="ln_final.hook_normalized",
-                                                hook_layer=model.cfg.n_layers - 1, context_size=model.cfg.n_ctx))
+    cfg = ReadoutSAEConfig(
+        d_in=d,
+        d_sae=d_sae,
+        d_vocab=V,
+        k=k,
+        dtype="float32",
+        device="cpu",
+        metadata=SAEMetadata(
+            model_name=model.cfg.model_name,
+            hook_name="ln_final.hook_normalized",
+            hook_layer=model.cfg.n_layers - 1,
+            context_size=model.cfg.n_ctx,
+        ),
+    )
     sae = ReadoutSAE(cfg)
     rows = unembedding_rows(model)
     gen = torch.Generator().manual_seed(seed)

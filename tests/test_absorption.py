@@ -33,14 +33,16 @@ def _world(seed: int = 0):
     x[torch.arange(n_words), letters] = 1.0
     x[special, len(LETTERS) + torch.arange(int(special.sum()))] = 0.3
     x += 1e-4 * torch.randn(x.shape, generator=gen)
-    data = FirstLetterActivations(words=[f"w{i}" for i in range(n_words)], letters=letters, is_train=is_train,
-                                  acts={HOOK: x})
+    data = FirstLetterActivations(
+        words=[f"w{i}" for i in range(n_words)], letters=letters, is_train=is_train, acts={HOOK: x}
+    )
     return data, special, d
 
 
 def _sae(W_enc: torch.Tensor, W_dec: torch.Tensor, b_enc: float = -0.5) -> StandardSAE:
-    cfg = StandardSAEConfig(d_in=W_enc.shape[0], d_sae=W_dec.shape[0], dtype="float32", device="cpu",
-                            metadata=SAEMetadata(hook_name=HOOK))
+    cfg = StandardSAEConfig(
+        d_in=W_enc.shape[0], d_sae=W_dec.shape[0], dtype="float32", device="cpu", metadata=SAEMetadata(hook_name=HOOK)
+    )
     sae = StandardSAE(cfg)
     with torch.no_grad():
         sae.W_enc.copy_(W_enc)
@@ -121,8 +123,9 @@ def test_per_word_rules_equal_saebench_calculator():
             acts = torch.stack([by_word[p.split("\n")[-1][: -len(":")]] for p in prompts])
             return None, {names_filter[0]: acts[:, None, :]}
 
-    calc = calc_mod.FeatureAbsorptionCalculator(model=CachedModel(), icl_word_list=["a", "b"], max_icl_examples=1,
-                                                word_token_pos=-1)
+    calc = calc_mod.FeatureAbsorptionCalculator(
+        model=CachedModel(), icl_word_list=["a", "b"], max_icl_examples=1, word_token_pos=-1
+    )
     cfg = AbsorptionConfig()
     direction = probe / probe.norm()
     cos = sae.W_dec.detach() @ direction
@@ -174,8 +177,17 @@ def test_write_vectors_follow_decoder_norm_rescaling():
     from tl_query_lens.dictionaries.absorption import write_vectors
 
     torch.manual_seed(0)
-    sae = TopKSAE(TopKSAEConfig(d_in=8, d_sae=20, k=3, rescale_acts_by_decoder_norm=True, dtype="float32",
-                                device="cpu", metadata=SAEMetadata(hook_name=HOOK)))
+    sae = TopKSAE(
+        TopKSAEConfig(
+            d_in=8,
+            d_sae=20,
+            k=3,
+            rescale_acts_by_decoder_norm=True,
+            dtype="float32",
+            device="cpu",
+            metadata=SAEMetadata(hook_name=HOOK),
+        )
+    )
     with torch.no_grad():
         for p in sae.parameters():
             p.normal_()

@@ -23,8 +23,11 @@ def test_query_lens_matches_per_feature_reference(arch):
     model = arch_model(arch)
     tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
     lens = QueryLens(model, tokens, skip_positions=1, progress=False)
-    dictionaries = {"ffkv": FFKV.from_model(model, 0), "sae_post": standard_sae(model, "blocks.1.hook_resid_post"),
-                    "sae_pre": standard_sae(model, "blocks.1.hook_resid_pre")}
+    dictionaries = {
+        "ffkv": FFKV.from_model(model, 0),
+        "sae_post": standard_sae(model, "blocks.1.hook_resid_post"),
+        "sae_pre": standard_sae(model, "blocks.1.hook_resid_pre"),
+    }
     for name, dictionary in dictionaries.items():
         cases = [("key", "full")] if (name, arch) == ("ffkv", "gemma2") else CASES
         for side, method in cases:
@@ -65,8 +68,17 @@ def test_vanilla_ffkv_splice_is_exact(arch):
 def test_readout_identity(arch, tmp_path):
     model = arch_model(arch)
     tokens = tiny_tokens(model, n_seqs=4, seq_len=8)
-    fit = fit_readout(model, tokens, out_dir=tmp_path, width=96, k=8, steps=20, batch_rows=32, batch_pairs=16,
-                      log_every=20, use_wandb=False, progress=False)
+    fit = fit_readout(
+        model,
+        tokens,
+        width=96,
+        k=8,
+        steps=20,
+        batch_rows=32,
+        batch_pairs=16,
+        log_every=20,
+        progress=False,
+    )
     final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     logits, cache = model.run_with_cache(tokens, names_filter=[final])
     h = model.ln_final(cache[final]).reshape(-1, model.cfg.d_model).detach()
@@ -101,8 +113,9 @@ def test_certificate_eps_hat_matches_an_independent_splice(arch):
         out = store["codes"] @ block.mlp.W_out + block.mlp.b_out
         return block.ln2_post(out) if model.cfg.use_normalization_before_and_after else out
 
-    proxy_logits = model.run_with_hooks(ev, fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", grab),
-                                                       (f"blocks.{layer}.hook_mlp_out", write)])
+    proxy_logits = model.run_with_hooks(
+        ev, fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", grab), (f"blocks.{layer}.hook_mlp_out", write)]
+    )
     clean, proxy = ref_loss(model(ev), ev), ref_loss(proxy_logits, ev)
     cert = tq.certify(model, FFKV.from_model(model, layer), cal, ev, k=k, n_schedule=[24])
     torch.testing.assert_close(cert.loss_proxy.double(), proxy, atol=1e-4, rtol=0)

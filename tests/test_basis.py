@@ -93,8 +93,14 @@ def test_max_memory_gb_chooses_the_chunk():
     model = tiny_model("gelu_ln")
     tokens = tiny_tokens(model, n_seqs=2, seq_len=6)
     widths = engine._widths(model, ["blocks.0.hook_resid_post", engine.final_hook(model)])
-    sweep = [engine._Sweep("reverse", {"blocks.0.hook_resid_post": False}, [engine.final_hook(model)],
-                           {"blocks.0.hook_resid_post": "x"})]
+    sweep = [
+        engine._Sweep(
+            "reverse",
+            {"blocks.0.hook_resid_post": False},
+            [engine.final_hook(model)],
+            {"blocks.0.hook_resid_post": "x"},
+        )
+    ]
     small = engine.chunk_for_memory(model, sweep, widths, 2, 6, 0.0003)
     large = engine.chunk_for_memory(model, sweep, widths, 2, 6, 1.0)
     assert 1 <= small < large == model.cfg.d_model  # capped at the basis size

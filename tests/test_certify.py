@@ -63,8 +63,9 @@ class FFKVReference:
             c = store["c"] if pool is None else store["c"] * pool
             return c @ mlp.W_out + mlp.b_out
 
-        logits = self.model.run_with_hooks(tokens, fwd_hooks=[(self.post, grab),
-                                                             (f"blocks.{self.layer}.hook_mlp_out", write)])
+        logits = self.model.run_with_hooks(
+            tokens, fwd_hooks=[(self.post, grab), (f"blocks.{self.layer}.hook_mlp_out", write)]
+        )
         return logits, store["c"]
 
 
@@ -78,8 +79,15 @@ def reference_certificate(model, ref, cal, ev):
     p, q = clean_logits.double().softmax(-1), proxy_logits.double().softmax(-1)
     kl = (p * (p.log() - q.log())).sum(-1).mean() / math.log(2)
     top1 = (clean_logits.argmax(-1) == proxy_logits.argmax(-1)).double().mean()
-    return {"clean": clean, "proxy": proxy, "restricted": restricted, "leaves": leaves, "pool": pool, "kl": kl,
-            "top1": top1}
+    return {
+        "clean": clean,
+        "proxy": proxy,
+        "restricted": restricted,
+        "leaves": leaves,
+        "pool": pool,
+        "kl": kl,
+        "top1": top1,
+    }
 
 
 @pytest.mark.parametrize("arch,layer,k", [("gelu_ln", 1, 4), ("gated_rms", 2, 7)])
@@ -122,7 +130,8 @@ def test_shuffled_proxy_matches_reference_and_keeps_P():
     assert abl.shuffled.P == abl.real.P == int(ref["pool"].sum())
     torch.testing.assert_close(abl.real.loss_clean, abl.shuffled.loss_clean)
     assert abl.mean_gap_shift_bits == pytest.approx(
-        (ref["proxy"] - ref["clean"]).mean().item() - abl.real.gap.double().mean().item(), abs=1e-4)
+        (ref["proxy"] - ref["clean"]).mean().item() - abl.real.gap.double().mean().item(), abs=1e-4
+    )
 
 
 def _sae(kind, model, hook, d_sae=48):

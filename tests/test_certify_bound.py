@@ -60,18 +60,26 @@ def test_min_sequences_and_crossing_by_hand():
     # Curve U = 5 + 100/√N at N = 25, 64: 25, 17.5; baseline 15 → never crossed; N* = (100/(15 − 5))² = 100.
     assert crossing_n([25, 64], [25.0, 17.5], constant=5.0, coefficient=100.0, baseline_bits=15.0) == (100.0, False)
     # Adding N = 400: U = 10 < 15 → observed N* = 400.
-    assert crossing_n([25, 64, 400], [25.0, 17.5, 10.0], constant=5.0, coefficient=100.0,
-                      baseline_bits=15.0) == (400.0, True)
+    assert crossing_n([25, 64, 400], [25.0, 17.5, 10.0], constant=5.0, coefficient=100.0, baseline_bits=15.0) == (
+        400.0,
+        True,
+    )
     # C ≥ baseline → never: inf.
     assert crossing_n([25], [30.0], constant=15.0, coefficient=100.0, baseline_bits=15.0) == (math.inf, False)
 
 
 def test_certificate_from_hand_losses_and_save_load(tmp_path):
-    losses = ProxyLosses(loss_proxy=PROXY, loss_restricted=RESTRICTED, leaves_pool=LEAVES,
-                         kl_bits=torch.tensor([0.1, 0.2, 0.3, 0.4]), top1=torch.tensor([1.0, 0.5, 0.5, 1.0]))
+    losses = ProxyLosses(
+        loss_proxy=PROXY,
+        loss_restricted=RESTRICTED,
+        leaves_pool=LEAVES,
+        kl_bits=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        top1=torch.tensor([1.0, 0.5, 0.5, 1.0]),
+    )
     pool = torch.tensor([True, False, True, False])  # P = 2, m = 4
-    cert = build_certificate(CLEAN, losses, pool, d_vocab=V,
-                             cfg=CertifyConfig(delta=DELTA, alpha=ALPHA, n_schedule=[2, 4]))
+    cert = build_certificate(
+        CLEAN, losses, pool, d_vocab=V, cfg=CertifyConfig(delta=DELTA, alpha=ALPHA, n_schedule=[2, 4])
+    )
     assert (cert.P, cert.m, cert.N, cert.Delta) == (2, 4, 4, 2.0)
     assert cert.bound == pytest.approx(U_HAND, abs=1e-6)
     assert cert.bound_occam == pytest.approx(U_OCCAM_HAND, abs=1e-6)

@@ -15,19 +15,43 @@ def tiny_env(monkeypatch):
     model = tiny_model("gelu_ln")
     seeds = {"calibration": 1, "evaluation": 2}
     monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
-    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda src, tok, n_seqs, seq_len, split, seed=0:
-                        tiny_tokens(model, n_seqs, seq_len, seed=seeds[split]))
+    monkeypatch.setattr(
+        tl_query_lens,
+        "load_corpus",
+        lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(model, n_seqs, seq_len, seed=seeds[split]),
+    )
     return model
 
 
 def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_env, tmp_path):
     out = tmp_path / "cert"
-    rc = main(["certify", "--layers", "0,2", "--n-cal", "4", "--n-eval", "24", "--seq-len", "8", "--k", "5",
-               "--shuffle", "--no-wandb", "--out", str(out)])
+    rc = main(
+        [
+            "certify",
+            "--layers",
+            "0,2",
+            "--n-cal",
+            "4",
+            "--n-eval",
+            "24",
+            "--seq-len",
+            "8",
+            "--k",
+            "5",
+            "--shuffle",
+            "--no-wandb",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
-    assert [(r["label"], r["proxy"]) for r in rows] == [("ffkv L0", "real"), ("ffkv L2", "real"),
-                                                        ("ffkv L0", "shuffled"), ("ffkv L2", "shuffled")]
+    assert [(r["label"], r["proxy"]) for r in rows] == [
+        ("ffkv L0", "real"),
+        ("ffkv L2", "real"),
+        ("ffkv L0", "shuffled"),
+        ("ffkv L2", "shuffled"),
+    ]
     assert rows[1]["hook"] == "blocks.2.hook_mlp_out"
     assert all(int(r["N"]) == 24 and int(r["m"]) == 64 for r in rows)
     for name in ("bound_vs_N.html", "gap_real_vs_shuffled.html", "times.json"):
@@ -41,19 +65,63 @@ def test_cli_saved_sae_path(tiny_env, tmp_path):
 
     FFKV.from_model(tiny_env, 1, "vanilla").save_model(tmp_path / "sae")
     out = tmp_path / "cert"
-    assert main(["certify", "--dictionary", f"ffkv,{tmp_path / 'sae'}", "--layers", "2", "--shuffle", "ffkv L2",
-                 "--n-cal", "4", "--n-eval", "20", "--seq-len",
-                 "8", "--k", "5", "--no-wandb", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "certify",
+                "--dictionary",
+                f"ffkv,{tmp_path / 'sae'}",
+                "--layers",
+                "2",
+                "--shuffle",
+                "ffkv L2",
+                "--n-cal",
+                "4",
+                "--n-eval",
+                "20",
+                "--seq-len",
+                "8",
+                "--k",
+                "5",
+                "--no-wandb",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
-    assert [(r["label"], r["proxy"]) for r in rows] == [("ffkv L2", "real"), ("sae L1 sae", "real"),
-                                                        ("ffkv L2", "shuffled")]
+    assert [(r["label"], r["proxy"]) for r in rows] == [
+        ("ffkv L2", "real"),
+        ("sae L1 sae", "real"),
+        ("ffkv L2", "shuffled"),
+    ]
     assert rows[1]["hook"] == "blocks.1.hook_mlp_out" and rows[0]["N"] == rows[1]["N"] == "20"
 
 
 def test_cli_too_few_sequences_says_the_minimum(tiny_env, tmp_path, capsys):
     # The tiny model's vocabulary (61) allows N = 20; the check after loading names that minimum.
-    assert main(["certify", "--model", "gpt2", "--layers", "0", "--n-cal", "4", "--n-eval", "10", "--seq-len", "8",
-                 "--no-wandb", "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "certify",
+                "--model",
+                "gpt2",
+                "--layers",
+                "0",
+                "--n-cal",
+                "4",
+                "--n-eval",
+                "10",
+                "--seq-len",
+                "8",
+                "--no-wandb",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "The minimum is N = 20" in err and "Traceback" not in err
 
@@ -67,8 +135,27 @@ def test_cli_unknown_shuffle_label_is_refused_before_any_pass(tiny_env, tmp_path
         raise AssertionError("a certification pass ran before the labels were checked")
 
     monkeypatch.setattr(certify_module, "feature_pool", no_pass)
-    assert main(["certify", "--layers", "0", "--shuffle", "ffkv L9", "--n-cal", "4", "--n-eval", "24", "--seq-len",
-                 "8", "--no-wandb", "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "certify",
+                "--layers",
+                "0",
+                "--shuffle",
+                "ffkv L9",
+                "--n-cal",
+                "4",
+                "--n-eval",
+                "24",
+                "--seq-len",
+                "8",
+                "--no-wandb",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "shuffle names labels ['ffkv L9'] that are not among the proxies ['ffkv L0']" in err
     assert "Traceback" not in err

@@ -28,10 +28,12 @@ LEAVES = torch.tensor([False, True, False, False])
 
 
 def hand_certificate(pool, schedule=(2, 4)):
-    losses = ProxyLosses(loss_proxy=PROXY, loss_restricted=RESTRICTED, leaves_pool=LEAVES,
-                         kl_bits=torch.zeros(4), top1=torch.ones(4))
-    return build_certificate(CLEAN, losses, pool, d_vocab=V,
-                             cfg=CertifyConfig(delta=DELTA, alpha=ALPHA, n_schedule=list(schedule)))
+    losses = ProxyLosses(
+        loss_proxy=PROXY, loss_restricted=RESTRICTED, leaves_pool=LEAVES, kl_bits=torch.zeros(4), top1=torch.ones(4)
+    )
+    return build_certificate(
+        CLEAN, losses, pool, d_vocab=V, cfg=CertifyConfig(delta=DELTA, alpha=ALPHA, n_schedule=list(schedule))
+    )
 
 
 def test_occam_term_direct_bound_and_n_star_recomputed_by_hand():
@@ -59,12 +61,17 @@ def test_occam_term_direct_bound_and_n_star_recomputed_by_hand():
 def test_closed_form_n_star_differs_from_the_schedule_point():
     # Large vocabulary so that C < log₂|V|: N* closed form = (A/(log₂|V| − C))², the schedule reads the first point.
     d_vocab = 49152
-    losses = ProxyLosses(loss_proxy=torch.full((200,), 5.0), loss_restricted=torch.full((200,), 5.0),
-                         leaves_pool=torch.zeros(200, dtype=torch.bool), kl_bits=torch.zeros(200),
-                         top1=torch.ones(200))
+    losses = ProxyLosses(
+        loss_proxy=torch.full((200,), 5.0),
+        loss_restricted=torch.full((200,), 5.0),
+        leaves_pool=torch.zeros(200, dtype=torch.bool),
+        kl_bits=torch.zeros(200),
+        top1=torch.ones(200),
+    )
     pool = torch.ones(10, dtype=torch.bool)  # P = m: ln C = 0, Occam = fixed pool
-    cert = build_certificate(torch.full((200,), 5.0), losses, pool, d_vocab=d_vocab,
-                             cfg=CertifyConfig(n_schedule=[25, 96, 200]))
+    cert = build_certificate(
+        torch.full((200,), 5.0), losses, pool, d_vocab=d_vocab, cfg=CertifyConfig(n_schedule=[25, 96, 200])
+    )
     row = protocol_row(cert, delta=0.05)
     big_delta = math.log2(1 + d_vocab)
     a = big_delta * (2 * math.sqrt(math.log(60) / 2) + math.sqrt(math.log(120) / 2))

@@ -143,3 +143,36 @@ def test_permutation_p_matches_naive_auc_permutations():
         naive.append(auc(scores[perm], scores[~perm]) >= observed - 1e-12)
     p_naive = (sum(naive) + 1) / 3001
     assert permutation_p(scores, labels, n_permutations=3000) == pytest.approx(p_naive, abs=0.02)
+
+
+def test_subspace_channels_is_the_cli_protocol(tmp_path, monkeypatch):
+    """The API function = FF-KV values + module operators of the downstream blocks + channel_analysis, and
+    ``tlql ql-channels`` saves exactly what it returns."""
+    import tl_query_lens
+    from tests.helpers import tiny_model, tiny_tokens
+    from tl_query_lens import FFKV
+    from tl_query_lens.cli import main
+    from tl_query_lens.operators import module_operators
+    from tl_query_lens.query_lens.channels import subspace_channels
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, 2, 8)
+    options = {"epochs": 5, "n_permutations": 20}
+    res = subspace_channels(model, {0: FFKV.from_model(model, 0)}, tokens, **options)
+    ops = module_operators(model, tokens, [1, 2])
+    ref = channel_analysis(
+        {0: FFKV.from_model(model, 0).W_dec.detach()}, {n: ops[n] for n in ops}, n_layers=3, **options
+    )
+    assert res.channels == ref.channels == [f"l0->blocks.{k}.{m}" for k in (1, 2) for m in ("attn", "mlp")]
+    assert res.metrics == ref.metrics and res.overlaps == ref.overlaps and res.summary == ref.summary
+    with pytest.raises(ValueError, match="key it by 0"):
+        subspace_channels(model, {1: FFKV.from_model(model, 0)}, tokens, **options)
+
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, 2, 8))
+    out = tmp_path / "ch"
+    argv = ["ql-channels", "--sources", "0", "--epochs", "5", "--n-permutations", "20", "--no-wandb", "--out", str(out)]
+    assert main(argv) == 0
+    saved = ChannelAnalysis.load(out / "channels")
+    assert saved.summary == res.summary and saved.metrics == res.metrics
+    assert (out / "operators").is_dir()

@@ -41,9 +41,7 @@ def _sae_folder(path, cfg=None, weights=True):
     if cfg is not None:
         (path / "cfg.json").write_text(json.dumps(cfg))
     if weights:
-        save_file(
-            {"W_dec": torch.zeros(4, 8), "W_enc": torch.zeros(8, 4)}, str(path / "sae_weights.safetensors")
-        )
+        save_file({"W_dec": torch.zeros(4, 8), "W_enc": torch.zeros(8, 4)}, str(path / "sae_weights.safetensors"))
     return path
 
 
@@ -68,9 +66,7 @@ def files(tmp_path):
     f["not_sae"] = tmp_path / "not_sae"
     f["not_sae"].mkdir()
     (f["not_sae"] / "notes.txt").write_text("hello")
-    f["no_dtype_sae"] = _sae_folder(
-        tmp_path / "no_dtype", {"d_in": 8, "d_sae": 4, "architecture": "standard"}
-    )
+    f["no_dtype_sae"] = _sae_folder(tmp_path / "no_dtype", {"d_in": 8, "d_sae": 4, "architecture": "standard"})
     f["truncated_sae"] = _sae_folder(tmp_path / "truncated", {"d_in": 8, "d_sae": 4, "dtype": "float32"})
     data = (f["truncated_sae"] / "sae_weights.safetensors").read_bytes()
     (f["truncated_sae"] / "sae_weights.safetensors").write_bytes(data[: len(data) // 3])
@@ -145,6 +141,16 @@ CASES = [
         ["certify", "--dictionary", "ffkv,/no/such/sae"],
         "neither 'ffkv' nor an existing",
     ),
+    (
+        "certify_unknown_release",
+        ["certify", "--dictionary", "no-such-release:blocks.6.hook_resid_post"],
+        "is not a SAELens release known here",
+    ),
+    (
+        "ql_evaluate_missing_folder",
+        ["ql-evaluate", "--dictionary", "ffkv", "--dictionary", "/no/such/sae"],
+        "neither 'ffkv' nor an existing",
+    ),
     ("certify_too_few_sequences", ["certify", "--n-eval", "10"], "the minimum is N ="),
     ("certify_delta", ["certify", "--delta", "1.5"], "--delta must lie strictly between 0 and 1"),
     ("n_seqs_zero", ["ffkv", "--n-seqs", "0"], "--n-seqs must be ≥ 1"),
@@ -157,6 +163,16 @@ CASES = [
     ("too_many_prompts", ["ql-evaluate", "--n-prompts", "99"], "neutral prompts exist"),
     ("unknown_fit", ["ql-channels", "--fits", "closed_form,lbfgs"], "use 'closed_form', 'adam'"),
     ("unknown_baseline", ["readout", "eval", "--baselines", "pca256,nope"], "['nope'] unknown"),
+    (
+        "paper_baseline_under_own_protocol",
+        ["readout", "eval", "--baselines", "nearest_row_ridge_excl_contrast"],
+        "unknown for --protocol mixed-layers",
+    ),
+    (
+        "own_baseline_not_in_paper_protocol",
+        ["readout", "eval", "--protocol", "paper", "--baselines", "nearest_row_ridge,shuffled_codes"],
+        "['shuffled_codes'] unknown for --protocol paper",
+    ),
     (
         "readout_id_not_cached",
         ["readout", "decompose", "hello", "--sae-id", "never-fitted"],

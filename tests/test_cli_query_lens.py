@@ -14,16 +14,32 @@ from tl_query_lens.query_lens import Signatures
 def tiny_loaders(monkeypatch):
     model = tiny_model("gated_rms")
     monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
-    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs,
-                                                                                                    seq_len))
+    monkeypatch.setattr(
+        tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
+    )
     return model
 
 
 @pytest.mark.parametrize("method", ["full", "first_order"])
 def test_query_lens_command(tmp_path, tiny_loaders, method):
     out = tmp_path / "ql"
-    argv = ["query-lens", "--layers", "0,2", "--features", "0-4,9", "--k", "3", "--n-seqs", "2", "--seq-len", "8",
-            "--method", method, "--out", str(out)]
+    argv = [
+        "query-lens",
+        "--layers",
+        "0,2",
+        "--features",
+        "0-4,9",
+        "--k",
+        "3",
+        "--n-seqs",
+        "2",
+        "--seq-len",
+        "8",
+        "--method",
+        method,
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     for layer in (0, 2):
         for side in ("value", "key"):

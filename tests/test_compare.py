@@ -17,9 +17,15 @@ from tl_query_lens.dictionaries.faithfulness import random_rotation, transcoder_
 
 
 def _view(keys: torch.Tensor, values: torch.Tensor) -> KeyValueView:
-    return KeyValueView(keys=keys, values=values, b_enc=torch.zeros(len(keys)), b_dec=torch.zeros(values.shape[1]),
-                        activation="relu", read_hook="blocks.0.ln2.hook_normalized",
-                        write_hook="blocks.0.hook_mlp_out")
+    return KeyValueView(
+        keys=keys,
+        values=values,
+        b_enc=torch.zeros(len(keys)),
+        b_dec=torch.zeros(values.shape[1]),
+        activation="relu",
+        read_hook="blocks.0.ln2.hook_normalized",
+        write_hook="blocks.0.hook_mlp_out",
+    )
 
 
 def _ff(d: int = 24, n: int = 400, seed: int = 0) -> KeyValueView:
@@ -112,20 +118,48 @@ def test_saes_compare_command_on_a_tiny_model(monkeypatch, tmp_path):
     monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
     monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, **k: tiny_tokens(model, n_seqs=3, seq_len=8))
     torch.manual_seed(0)
-    tc = Transcoder(TranscoderConfig(d_in=32, d_sae=48, d_out=32, dtype="float32", device="cpu", apply_b_dec_to_input=False,
-                                     metadata=SAEMetadata(hook_name="blocks.1.ln2.hook_normalized",
-                                                          hook_name_out="blocks.1.hook_mlp_out")))
+    tc = Transcoder(
+        TranscoderConfig(
+            d_in=32,
+            d_sae=48,
+            d_out=32,
+            dtype="float32",
+            device="cpu",
+            apply_b_dec_to_input=False,
+            metadata=SAEMetadata(hook_name="blocks.1.ln2.hook_normalized", hook_name_out="blocks.1.hook_mlp_out"),
+        )
+    )
     with torch.no_grad():
         for p in tc.parameters():
             p.normal_(0, 0.3)
     tc.save_model(tmp_path / "tc1")
     out = tmp_path / "cmp"
-    argv = ["saes", "compare", "--layers", "1", "--release", "", "--dictionaries", str(tmp_path / "tc1"),
-            "--k", "4", "--no-absorption", "--no-wandb", "--out", str(out)]
+    argv = [
+        "saes",
+        "compare",
+        "--layers",
+        "1",
+        "--release",
+        "",
+        "--dictionaries",
+        str(tmp_path / "tc1"),
+        "--k",
+        "4",
+        "--no-absorption",
+        "--no-wandb",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     rows = list(csv.DictReader((out / "comparison.csv").open()))
-    assert [r["label"] for r in rows] == ["FF-KV vanilla L1", "FF-KV TopK-4 L1", "FF-KV normalized L1",
-                                          "transcoder L1 tc1", "random FF-KV vanilla L1", "random FF-KV topk4 L1"]
+    assert [r["label"] for r in rows] == [
+        "FF-KV vanilla L1",
+        "FF-KV TopK-4 L1",
+        "FF-KV normalized L1",
+        "transcoder L1 tc1",
+        "random FF-KV vanilla L1",
+        "random FF-KV topk4 L1",
+    ]
     assert [r["kind"] for r in rows][3] == "transcoder"
     faith = [r["label"] for r in csv.DictReader((out / "faithfulness.csv").open())]
     assert faith == ["transcoder L1 tc1", "random FF-KV vanilla L1"]

@@ -38,12 +38,14 @@ def test_embedded_corpus_is_real_prose():
 
 
 def test_splits_are_disjoint_and_deterministic():
-    splits = {s: load_corpus("embedded", TOK, n_seqs=200, seq_len=32, split=s, seed=3)
-              for s in ("train", "calibration", "evaluation")}
-    for a in splits:
-        for b in splits:
+    splits = {
+        s: load_corpus("embedded", TOK, n_seqs=200, seq_len=32, split=s, seed=3)
+        for s in ("train", "calibration", "evaluation")
+    }
+    for a, tokens_a in splits.items():
+        for b, tokens_b in splits.items():
             if a != b:
-                assert check_disjoint(splits[a], splits[b]) == 0
+                assert check_disjoint(tokens_a, tokens_b) == 0
     again = load_corpus("embedded", TOK, n_seqs=200, seq_len=32, split="evaluation", seed=3)
     assert torch.equal(again, splits["evaluation"])
     other_seed = load_corpus("embedded", TOK, n_seqs=200, seq_len=32, split="evaluation", seed=4)

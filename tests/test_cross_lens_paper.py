@@ -16,7 +16,15 @@ from tl_query_lens.readout.cross_lens_paper import (
     wilson,
 )
 
-FIT = dict(width=96, k=8, steps=40, batch_rows=64, batch_pairs=32, log_every=20, use_wandb=False, progress=False)
+FIT = {
+    "width": 96,
+    "k": 8,
+    "steps": 40,
+    "batch_rows": 64,
+    "batch_pairs": 32,
+    "log_every": 20,
+    "progress": False,
+}
 
 
 def test_dominant_excludes_inactive_features_and_vote_counts_layers():
@@ -48,7 +56,7 @@ def test_prompt_bank_schema():
 @pytest.fixture(scope="module")
 def rms_setup(tmp_path_factory):
     model = tiny_model("gated_rms")
-    fit = fit_readout(model, tiny_tokens(model, 6, 12), out_dir=tmp_path_factory.mktemp("fit"), **FIT)
+    fit = fit_readout(model, tiny_tokens(model, 6, 12), **FIT)
     return model, fit.sae
 
 
@@ -75,32 +83,39 @@ def test_two_layer_vote_with_a_planted_dominant_feature(rms_setup):
     lens_a = {0: planting_operator(h[0], d_f), 1: planting_operator(h[1], d_f)}
     both = {0: planting_operator(h[0], d_f), 1: planting_operator(h[1], d_f)}
     one = {0: planting_operator(h[0], d_f), 1: planting_operator(h[1], d_g)}
-    res = cross_lens_prompts(sae, model, lens_a, both, bank, layers=[0, 1], min_votes=2)
+    res = cross_lens_prompts(model, sae, lens_a, both, bank, layers=[0, 1], min_votes=2)
     assert res.dominant_a.tolist() == [[f, f]] and res.dominant_b.tolist() == [[f, f]]
     assert res.passes.tolist() == [True] and res.paper_agreement == 1.0
-    res1 = cross_lens_prompts(sae, model, lens_a, one, bank, layers=[0, 1], min_votes=2)
+    res1 = cross_lens_prompts(model, sae, lens_a, one, bank, layers=[0, 1], min_votes=2)
     assert res1.dominant_b[0, 1].item() != f and res1.passes.tolist() == [False] and res1.paper_agreement == 0.0
-    assert cross_lens_prompts(sae, model, lens_a, one, bank, layers=[0, 1], min_votes=1).passes.tolist() == [True]
+    assert cross_lens_prompts(model, sae, lens_a, one, bank, layers=[0, 1], min_votes=1).passes.tolist() == [True]
 
 
 @torch.no_grad()
 def test_identical_lenses_pass_and_nulls_are_lower(rms_setup, tmp_path):
     model, sae = rms_setup
     gen = torch.Generator().manual_seed(0)
-    bank = [{"id": f"p{i}", "group": "ctrl_x" if i >= 10 else "fam", "concept": f"c{i}",
-             "prompt": torch.randint(0, 61, (6,), generator=gen).tolist(), "answer": int(torch.randint(0, 61, (1,),
-                                                                                              generator=gen)),
-             "null_targets": [int((i * 7 + 3) % 61)]} for i in range(12)]
+    bank = [
+        {
+            "id": f"p{i}",
+            "group": "ctrl_x" if i >= 10 else "fam",
+            "concept": f"c{i}",
+            "prompt": torch.randint(0, 61, (6,), generator=gen).tolist(),
+            "answer": int(torch.randint(0, 61, (1,), generator=gen)),
+            "null_targets": [int((i * 7 + 3) % 61)],
+        }
+        for i in range(12)
+    ]
     eye = {layer: torch.eye(model.cfg.d_model) for layer in (0, 1, 2)}
-    res = cross_lens_prompts(sae, model, eye, {k: v.clone() for k, v in eye.items()}, bank, layers=[0, 1, 2])
+    res = cross_lens_prompts(model, sae, eye, {k: v.clone() for k, v in eye.items()}, bank, layers=[0, 1, 2])
     assert res.paper_agreement == 1.0 and res.own_top1_agreement == 1.0 and res.own_top1_tokens_differ == 0.0
     assert res.n_prompts == 10 and res.n_controls == 2 and res.control_agreement == 1.0
     assert res.null_shuffled < 1.0 and 0.0 <= res.null_unrelated <= 1.0
-    own = cross_lens_prompts(sae, model, eye, eye, bank, layers=[0, 1, 2], protocol="own-top1")
+    own = cross_lens_prompts(model, sae, eye, eye, bank, layers=[0, 1, 2], protocol="own-top1")
     assert own.headline == own.own_top1_agreement and res.headline == res.paper_agreement
     back = CrossLensPromptResult.load(res.save(tmp_path / "r"))
     assert torch.equal(back.dominant_a, res.dominant_a) and back.per_group == res.per_group
     with pytest.raises(KeyError, match="no operator in both lenses"):
-        cross_lens_prompts(sae, model, eye, {0: eye[0]}, bank, layers=[0, 1])
+        cross_lens_prompts(model, sae, eye, {0: eye[0]}, bank, layers=[0, 1])
     with pytest.raises(ValueError, match="protocol must be"):
         CrossLensConfig(protocol="fixed")

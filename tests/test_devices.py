@@ -24,9 +24,11 @@ def test_engine_operators_stay_on_the_model_device(style, direction):
     model, _ = meta_model(style)
     tokens = tiny_tokens(model, n_seqs=2, seq_len=6)  # CPU tokens: the engine moves them
     with DeviceAudit() as audit:
-        sets = [value_operators(model, tokens, ["blocks.0.hook_resid_post"], direction=direction, progress=False),
-                key_operators(model, tokens, ["blocks.1.ln2.hook_normalized"], direction=direction, progress=False),
-                module_operators(model, tokens, direction=direction, progress=False)]
+        sets = [
+            value_operators(model, tokens, ["blocks.0.hook_resid_post"], direction=direction, progress=False),
+            key_operators(model, tokens, ["blocks.1.ln2.hook_normalized"], direction=direction, progress=False),
+            module_operators(model, tokens, direction=direction, progress=False),
+        ]
     assert audit.mixed == []
     for ops in sets:
         assert ops.count == 12
@@ -43,8 +45,10 @@ def test_query_lens_directions_stay_on_the_model_device(style, basis):
     lens = QueryLens(model, tokens, progress=False, basis=basis)
     ids = [1, 5]
     with DeviceAudit() as audit:
-        outputs = {method: lens.value_directions(dictionary, ids, method=method)
-                   for method in ("full", "first_order", "logit_lens")}
+        outputs = {
+            method: lens.value_directions(dictionary, ids, method=method)
+            for method in ("full", "first_order", "logit_lens")
+        }
         outputs["key"] = lens.key_gradients(dictionary, ids)
         outputs["center"] = lens.corpus_center()
         view = lens._view(dictionary, ids, 1)[0]

@@ -59,7 +59,7 @@ def test_max_activating_contexts_match_brute_force(style):
     model = tiny_model(style)
     tokens = tiny_tokens(model, n_seqs=10, seq_len=8)
     sae = FFKV.from_model(model, 1)
-    res = max_activating_contexts(model, sae, tokens, n_contexts=3, batch_size=3, use_cache=False)
+    res = max_activating_contexts(model, sae, tokens, n_contexts=3, batch_size=3)
     _, cache = model.run_with_cache(tokens, names_filter="blocks.1.mlp.hook_post")
     acts = cache["blocks.1.mlp.hook_post"]  # FF-KV vanilla activations are the MLP's hidden activations
     per_seq, where = acts.max(dim=1)  # [n_seqs, d_mlp]
@@ -121,8 +121,20 @@ def test_evaluate_signatures_end_to_end(tmp_path):
     tok = ListTokenizer([f"t{i}" for i in range(model.cfg.d_vocab)])
     prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
     ll = logit_lens_top(model, view, feats, k=5)
-    res = evaluate_signatures(model, sae, tokens, {"LL_VALUE": ll}, feats, tokenizer=tok, prompt_tokens=prompts,
-                              n_contexts=20, kl_targets=(0.1,), n_generate=4, n_steps=6, n_steered=5)
+    res = evaluate_signatures(
+        model,
+        sae,
+        tokens,
+        {"LL_VALUE": ll},
+        feats,
+        tokenizer=tok,
+        prompt_tokens=prompts,
+        n_contexts=20,
+        kl_targets=(0.1,),
+        n_generate=4,
+        n_steps=6,
+        n_steered=5,
+    )
     assert res.methods == ["LL_VALUE", "ZO", "TC"]
     assert res.input_scores.shape == (3, 4) and res.output_scores.shape == (3, 1, 4)
     assert ((res.input_scores >= 0) & (res.input_scores <= 1)).all()
@@ -170,23 +182,78 @@ def test_query_lens_signatures_plug_in():
     sae = FFKV.from_model(model, 0)
     feats = torch.tensor([1, 5])
     lens = QueryLens(model, tokens[:2], progress=False)
-    methods = {"QL_VALUE": lens.value_signatures(sae, feats, k=4, method="full").top_ids,
-               "LL_KEY": lens.key_signatures(sae, feats, k=4, method="logit_lens").top_ids}
+    methods = {
+        "QL_VALUE": lens.value_signatures(sae, feats, k=4, method="full").top_ids,
+        "LL_KEY": lens.key_signatures(sae, feats, k=4, method="logit_lens").top_ids,
+    }
     tok = ListTokenizer([f"t{i}" for i in range(model.cfg.d_vocab)])
-    res = evaluate_signatures(model, sae, tokens, methods, feats, tokenizer=tok, prompt_tokens=[torch.tensor([3, 4])],
-                              kl_targets=(0.1,), n_generate=3, n_steps=4, n_steered=4, baselines=())
+    res = evaluate_signatures(
+        model,
+        sae,
+        tokens,
+        methods,
+        feats,
+        tokenizer=tok,
+        prompt_tokens=[torch.tensor([3, 4])],
+        kl_targets=(0.1,),
+        n_generate=3,
+        n_steps=4,
+        n_steered=4,
+        baselines=(),
+    )
     assert res.methods == ["QL_VALUE", "LL_KEY"] and res.output_scores.shape == (2, 1, 2)
 
 
 def test_cli_query_lens_evaluate_delegates(monkeypatch):
-    """`tlql query-lens --evaluate` runs `tlql ql-evaluate` with its layers, features, k and corpus options."""
-    from tl_query_lens.cli import main, ql_evaluate
+    """`tlql query-lens --evaluate` calls the Table-1 function with its layers, features, k and corpus options and
+    the protocol's defaults otherwise (no argv rebuilt)."""
+    import tl_query_lens
+    from tl_query_lens.cli import main
+    from tl_query_lens.query_lens import table1
 
+    model = tiny_model("gelu_ln")
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr(
+        tl_query_lens,
+        "load_corpus",
+        lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(
+            model, n_seqs, seq_len, seed=0 if split == "train" else 1
+        ),
+    )
     seen = {}
-    monkeypatch.setattr(ql_evaluate, "run", lambda args: seen.setdefault("args", args) and 0)
-    main(["query-lens", "--evaluate", "--layers", "3,5", "--features", "0-4", "--k", "10", "--n-seqs", "2",
-          "--no-wandb"])
-    args = seen["args"]
-    assert (args.command, args.layers, args.features, args.k, args.op_seqs, args.wandb) == (
-        "ql-evaluate", "3,5", "0-4", 10, 2, False)
-    assert args.kl_targets == "0.25,0.5" and args.n_contexts == 20 and args.n_generate == 20
+
+    class Stop(Exception):
+        pass
+
+    def fake(model, dictionaries, op_tokens, ev_tokens, *, cfg):
+        seen.update(layers=list(dictionaries), op=tuple(op_tokens.shape), ev=tuple(ev_tokens.shape), cfg=cfg)
+        raise Stop
+
+    monkeypatch.setattr(table1, "evaluate_table1", fake)
+    with pytest.raises(Stop):
+        main(
+            [
+                "query-lens",
+                "--evaluate",
+                "--layers",
+                "1,2",
+                "--features",
+                "0-4",
+                "--k",
+                "10",
+                "--n-seqs",
+                "2",
+                "--seq-len",
+                "8",
+                "--no-wandb",
+            ]
+        )
+    cfg = seen["cfg"]
+    assert seen["layers"] == ["ffkv L1", "ffkv L2"] and seen["op"] == (2, 8) and seen["ev"] == (512, 32)
+    assert (cfg.features, cfg.k, cfg.kl_targets, cfg.n_contexts, cfg.n_generate) == (
+        (0, 1, 2, 3, 4),
+        10,
+        (0.25, 0.5),
+        20,
+        20,
+    )

@@ -16,8 +16,9 @@ HOOK_Z = f"blocks.{LAYER}.attn.hook_z"
 
 def random_sae(d_in: int, hook: str, seed: int = 3, **cfg) -> StandardSAE:
     torch.manual_seed(seed)
-    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=24, metadata=SAEMetadata(hook_name=hook, **cfg.pop(
-        "metadata", {})), **cfg))
+    sae = StandardSAE(
+        StandardSAEConfig(d_in=d_in, d_sae=24, metadata=SAEMetadata(hook_name=hook, **cfg.pop("metadata", {})), **cfg)
+    )
     with torch.no_grad():
         for param in sae.parameters():
             param.normal_(0, 0.3)
@@ -27,8 +28,9 @@ def random_sae(d_in: int, hook: str, seed: int = 3, **cfg) -> StandardSAE:
 def hook_z_sae(model, per_head: bool) -> StandardSAE:
     if per_head:  # one head: d_in = d_head, SAELens' hook_head_index
         return random_sae(model.cfg.d_head, HOOK_Z, metadata={"hook_head_index": HEAD}, apply_b_dec_to_input=True)
-    return random_sae(model.cfg.n_heads * model.cfg.d_head, HOOK_Z, reshape_activations="hook_z",
-                      apply_b_dec_to_input=True)
+    return random_sae(
+        model.cfg.n_heads * model.cfg.d_head, HOOK_Z, reshape_activations="hook_z", apply_b_dec_to_input=True
+    )
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -71,7 +73,7 @@ def test_normalize_activations_fold(norm):
     if norm == "layer_norm":
         scale = 1 / (x.std(-1, keepdim=True) + 1e-5)
     else:
-        scale = model.cfg.d_model ** 0.5 / x.norm(dim=-1, keepdim=True)
+        scale = model.cfg.d_model**0.5 / x.norm(dim=-1, keepdim=True)
     assert torch.allclose((scale * (x @ view.keys.T) + view.b_enc).relu(), sae.encode(x), atol=1e-4)
 
 
@@ -83,8 +85,11 @@ def test_query_lens_of_hook_z_equals_sae_mapped_through_W_O_by_hand(per_head):
     W_O = model.blocks[LAYER].attn.W_O.detach()
     with torch.no_grad():
         mapped = random_sae(model.cfg.d_model, f"blocks.{LAYER}.hook_attn_out", seed=9)
-        values = (sae.W_dec @ W_O[HEAD] if per_head else
-                  torch.einsum("fhd,hdm->fm", sae.W_dec.reshape(24, model.cfg.n_heads, -1), W_O))
+        values = (
+            sae.W_dec @ W_O[HEAD]
+            if per_head
+            else torch.einsum("fhd,hdm->fm", sae.W_dec.reshape(24, model.cfg.n_heads, -1), W_O)
+        )
         mapped.W_dec.copy_(values)
     lens = QueryLens(model, tokens, skip_positions=1, progress=False)
     features = [0, 7, 19]

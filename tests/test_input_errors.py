@@ -104,9 +104,7 @@ def test_truncated_operator_cache_names_the_file_and_deleting_it_fixes_it(model,
     (path,) = tmp_path.glob("*.safetensors")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(
-        CorruptFileError, match=rf"{path.name}: is not a readable safetensors file .* Delete it"
-    ):
+    with pytest.raises(CorruptFileError, match=rf"{path.name}: is not a readable safetensors file .* Delete it"):
         value_operators(model, tokens, hooks, cache_dir=tmp_path, progress=False)
     path.unlink()
     again = value_operators(model, tokens, hooks, cache_dir=tmp_path, progress=False)
@@ -161,9 +159,7 @@ def test_result_folder_with_missing_fields(tmp_path):
 
 def test_result_folder_with_truncated_tensors(model, tmp_path):
     lens = QueryLens(model, tiny_tokens(model, 2, 8), progress=False)
-    folder = lens.value_signatures(FFKV.from_model(model, 1), [0, 1], k=3, method="logit_lens").save(
-        tmp_path / "s"
-    )
+    folder = lens.value_signatures(FFKV.from_model(model, 1), [0, 1], k=3, method="logit_lens").save(tmp_path / "s")
     tensors = folder / "tensors.safetensors"
     tensors.write_bytes(tensors.read_bytes()[:100])
     with pytest.raises(CorruptFileError, match=r"tensors\.safetensors: is not a readable safetensors file"):
@@ -195,9 +191,7 @@ def test_sae_folder_loads_when_valid(model, tmp_path):
 def test_unknown_hook_message_is_plain_text(model):
     with pytest.raises(HookNotFoundError) as info:
         check_hook(model, "blocks.1.hook_resid_pots")
-    assert isinstance(info.value, KeyError) and str(info.value).startswith(
-        "Unknown hook 'blocks.1.hook_resid_pots'"
-    )
+    assert isinstance(info.value, KeyError) and str(info.value).startswith("Unknown hook 'blocks.1.hook_resid_pots'")
     assert "blocks.1.hook_resid_post" in str(info.value)
 
 
@@ -230,9 +224,7 @@ def test_decompose_with_nan_readout_names_it(tmp_path):
         batch_rows=32,
         batch_pairs=16,
         log_every=5,
-        use_wandb=False,
         progress=False,
-        out_dir=tmp_path,
     )
     sae = fit.sae
     with torch.no_grad():

@@ -32,8 +32,9 @@ def build(arch: str, d_in: int = 32, d_sae: int = 48, hook: str = HOOK, hook_out
     elif arch == "gated":
         sae = GatedSAE(GatedSAEConfig(d_in=d_in, d_sae=d_sae, metadata=meta))
     elif arch == "transcoder":
-        sae = Transcoder(TranscoderConfig(d_in=d_in, d_sae=d_sae, d_out=d_in, apply_b_dec_to_input=False,
-                                          metadata=meta))
+        sae = Transcoder(
+            TranscoderConfig(d_in=d_in, d_sae=d_sae, d_out=d_in, apply_b_dec_to_input=False, metadata=meta)
+        )
     with torch.no_grad():
         for p in sae.parameters():
             p.normal_(0, 0.3)

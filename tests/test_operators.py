@@ -30,8 +30,7 @@ def test_reverse_and_forward_sweeps_agree(style, kind):
     elif kind == "key":
         run = lambda d: key_operators(model, tokens, KEY_HOOKS, direction=d, chunk=24, progress=False)
     else:
-        run = lambda d: module_operators(model, tokens, direction=d, chunk=16, skip_positions=2,
-                                         progress=False)
+        run = lambda d: module_operators(model, tokens, direction=d, chunk=16, skip_positions=2, progress=False)
     reverse, forward = run("reverse"), run("forward")
     assert reverse.hooks == forward.hooks and reverse.count == forward.count
     for name in reverse:
@@ -50,8 +49,9 @@ def test_value_operator_matches_finite_difference(style):
 
     def mean_final(scale: float) -> torch.Tensor:
         out = {}
-        with model.hooks(fwd_hooks=[(hook, lambda x, hook: x + scale * v),
-                                    (final, lambda x, hook: out.__setitem__("x", x))]):
+        with model.hooks(
+            fwd_hooks=[(hook, lambda x, hook: x + scale * v), (final, lambda x, hook: out.__setitem__("x", x))]
+        ):
             model(tokens, stop_at_layer=model.cfg.n_layers)
         return out["x"][:, 1:].mean((0, 1))
 
@@ -68,8 +68,11 @@ def test_module_operators_are_isolated_jacobians(style):
     _, cache = model.run_with_cache(tokens)
     block = model.blocks[1]
     v = torch.randn(model.cfg.d_model)
-    _, tangent = torch.func.jvp(lambda x: block.mlp(block.ln2(x)), (cache["blocks.1.hook_resid_mid"],),
-                                (v.expand_as(cache["blocks.1.hook_resid_mid"]),))
+    _, tangent = torch.func.jvp(
+        lambda x: block.mlp(block.ln2(x)),
+        (cache["blocks.1.hook_resid_mid"],),
+        (v.expand_as(cache["blocks.1.hook_resid_mid"]),),
+    )
     assert rel_err(ops["blocks.1.mlp"] @ v, tangent.mean((0, 1))) < 1e-5
 
 
@@ -156,8 +159,15 @@ def test_non_finite_operators_raise():
         model.blocks[2].mlp.W_out[0, 0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         value_operators(model, tokens, ["blocks.0.hook_resid_post"], progress=False)
-    ops = OperatorSet(kind="key", sums={"h": torch.full((2, 2), float("inf"))}, count=3, model_name="m",
-                      anchor_hook="hook_embed", corpus_fingerprint="x", dtype="float32")
+    ops = OperatorSet(
+        kind="key",
+        sums={"h": torch.full((2, 2), float("inf"))},
+        count=3,
+        model_name="m",
+        anchor_hook="hook_embed",
+        corpus_fingerprint="x",
+        dtype="float32",
+    )
     with pytest.raises(ValueError, match="non-finite"):
         ops["h"]
     with pytest.raises(KeyError, match="holds"):
@@ -165,18 +175,27 @@ def test_non_finite_operators_raise():
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
-                    reason="torchrun not installed")
+@pytest.mark.skipif(
+    shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+    reason="torchrun not installed",
+)
 def test_two_rank_torchrun_equals_one_rank(tmp_path):
     script = Path(__file__).with_name("distributed_operators.py")
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517", str(script), str(tmp_path)],
-                   check=True, env=env, timeout=120, capture_output=True)
+    subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", "29517", str(script), str(tmp_path)],
+        check=True,
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
     model = tiny_model("gated_rms")
     tokens = tiny_tokens(model, n_seqs=5)
-    single = {"value": value_operators(model, tokens, VALUE_HOOKS, progress=False),
-              "key": key_operators(model, tokens, KEY_HOOKS, progress=False)}
+    single = {
+        "value": value_operators(model, tokens, VALUE_HOOKS, progress=False),
+        "key": key_operators(model, tokens, KEY_HOOKS, progress=False),
+    }
     for kind, ops in single.items():
         for rank in (0, 1):
             shard = OperatorSet.load(tmp_path / f"{kind}-rank{rank}.safetensors")

@@ -30,9 +30,7 @@ from tl_query_lens.errors import (
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.operators.engine import check_tokens
 
-SETTINGS = settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 MODEL = tiny_model("gelu_ln")  # d_vocab 61, n_ctx 32, 3 layers
 
 
@@ -119,9 +117,7 @@ def test_float_lists(values):
 
 # ----- corpora ----------------------------------------------------------------------------------------------------
 line_text = st.text(
-    st.characters(
-        blacklist_categories=("Cs",), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-    ),
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
     min_size=1,
     max_size=40,
 )
@@ -147,9 +143,7 @@ def test_jsonl_corpus_round_trip(tmp_path_factory, docs):
 @given(st.lists(line_text, min_size=1, max_size=8), st.data())
 def test_jsonl_bad_line_is_named(tmp_path_factory, docs, data):
     bad = data.draw(st.integers(0, len(docs) - 1))
-    garbage = data.draw(
-        st.sampled_from(['{"text": oops}', "[1, 2]", '{"body": "x"}', "{", '"just a string"'])
-    )
+    garbage = data.draw(st.sampled_from(['{"text": oops}', "[1, 2]", '{"body": "x"}', "{", '"just a string"']))
     lines = [json.dumps({"text": d}) for d in docs]
     lines[bad] = garbage
     path = tmp_path_factory.mktemp("bad") / "c.jsonl"
@@ -238,9 +232,7 @@ class _Out:
 )
 def test_output_checks_name_every_non_finite_field(a, b, c):
     out = _Out(a=a, b=torch.tensor(b), c=c, n=3)
-    bad = [
-        name for name, values in (("a", [a]), ("b", b), ("c", c)) if not all(math.isfinite(v) for v in values)
-    ]
+    bad = [name for name, values in (("a", [a]), ("b", b), ("c", c)) if not all(math.isfinite(v) for v in values)]
     if bad:
         with pytest.raises(NonFiniteError) as info:
             check_outputs(out, "method")

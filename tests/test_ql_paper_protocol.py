@@ -82,9 +82,19 @@ def test_paper_protocol_end_to_end_shares_one_s_and_uses_tc_at_10():
     feats = torch.tensor([2, 4, 6])
     tok = ListTokenizer([f"t{i}" for i in range(model.cfg.d_vocab)])
     ll = (view.values[feats] @ model.W_U).topk(5, dim=-1).indices
-    res = evaluate_signatures(model, sae, tokens, {"LL_VALUE": ll}, feats, tokenizer=tok,
-                              prompt_tokens=[torch.tensor([1, 2, 3]), torch.tensor([4, 5])], n_contexts=20,
-                              kl_targets=(0.1, 0.3), n_generate=4, protocol="paper")
+    res = evaluate_signatures(
+        model,
+        sae,
+        tokens,
+        {"LL_VALUE": ll},
+        feats,
+        tokenizer=tok,
+        prompt_tokens=[torch.tensor([1, 2, 3]), torch.tensor([4, 5])],
+        n_contexts=20,
+        kl_targets=(0.1, 0.3),
+        n_generate=4,
+        protocol="paper",
+    )
     assert res.config["protocol"] == "paper" and res.config["tc_values"] == (10.0,)
     assert torch.equal(res.steered_top[0], res.steered_top[1])  # one S over both targets
     assert res.steered_top.shape[-1] == 5  # |S| = |T|

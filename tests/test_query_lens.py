@@ -28,8 +28,11 @@ def standard_sae(model, hook: str) -> StandardSAE:
 
 
 def dictionaries(model):
-    return {"ffkv": FFKV.from_model(model, 0), "sae_resid_post": standard_sae(model, "blocks.1.hook_resid_post"),
-            "sae_resid_pre": standard_sae(model, "blocks.1.hook_resid_pre")}
+    return {
+        "ffkv": FFKV.from_model(model, 0),
+        "sae_resid_post": standard_sae(model, "blocks.1.hook_resid_post"),
+        "sae_resid_pre": standard_sae(model, "blocks.1.hook_resid_pre"),
+    }
 
 
 @pytest.mark.parametrize("name", ["ffkv", "sae_resid_post", "sae_resid_pre"])

@@ -30,9 +30,7 @@ def _check(namespace: dict) -> None:
     assert torch.allclose(dec.bias + dec.contributions.sum() + dec.residual, dec.exact, rtol=1e-6, atol=1e-8)
     assert values.feature_ids.tolist() == [3, 141] and values.top_ids.shape == (2, 10)
     assert namespace["keys"].top_ids.shape == (2, 10)
-    assert (
-        namespace["scores"].shape == (namespace["model"].cfg.d_vocab,) and namespace["scores"].grad_fn is None
-    )
+    assert namespace["scores"].shape == (namespace["model"].cfg.d_vocab,) and namespace["scores"].grad_fn is None
     assert cert.N == 64 and cert.bound == cert.bound  # finite: outputs are checked before they are returned
 
 

@@ -7,7 +7,9 @@ import torch
 from sae_lens import SAE
 
 from tests.helpers import STYLES, tiny_model, tiny_tokens
+from tl_query_lens.primitives import cluster_bootstrap
 from tl_query_lens.readout import (
+    ReadoutFitConfig,
     ReadoutSAE,
     bind,
     cached_sae_path,
@@ -22,10 +24,10 @@ from tl_query_lens.readout import (
     vocab_mean_contrast,
 )
 from tl_query_lens.readout import baselines as bl
-from tl_query_lens.readout.diagnostics import ablation_regression, cluster_bootstrap, evaluate_reconstruction
+from tl_query_lens.readout.diagnostics import ablation_regression, evaluate_reconstruction
 from tl_query_lens.readout.sae import unembedding_rows
 
-FIT = dict(width=96, k=8, steps=60, batch_rows=64, batch_pairs=32, log_every=20, use_wandb=False, progress=False)
+FIT = {"width": 96, "k": 8, "steps": 60, "batch_rows": 64, "batch_pairs": 32, "log_every": 20, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def fitted(tmp_path_factory):
     for style in STYLES:
         model = tiny_model(style)
         tokens = tiny_tokens(model, n_seqs=6, seq_len=12)
-        fit = fit_readout(model, tokens, out_dir=tmp_path_factory.mktemp(f"fit_{style}"), **FIT)
+        fit = fit_readout(model, tokens, **FIT)
         out[style] = (model, tokens, fit)
     return out
 
@@ -48,9 +50,14 @@ def _final_states(model, tokens):
 
 def _families(model, h):
     V = model.cfg.d_vocab
-    alpha_c, top1, comp = top1_vs_competitor(h, model)
-    return {"token_logit": token_logit(top1, V), "margin": margin(3, 7, V), "group_mean": group_mean([1, 4, 9, 16], V),
-            "vocab_mean_contrast": vocab_mean_contrast(top1, V), "top1_vs_competitor": alpha_c}
+    alpha_c, top1, _comp = top1_vs_competitor(h, model)
+    return {
+        "token_logit": token_logit(top1, V),
+        "margin": margin(3, 7, V),
+        "group_mean": group_mean([1, 4, 9, 16], V),
+        "vocab_mean_contrast": vocab_mean_contrast(top1, V),
+        "top1_vs_competitor": alpha_c,
+    }
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -93,7 +100,7 @@ def test_batched_states_and_bind(fitted):
     model, tokens, fit = fitted["gelu_ln"]
     bank = collect_states(model, tokens, ["blocks.1.hook_resid_post", "blocks.2.hook_resid_post"])
     assert len(bank) == 6 * 11 * 2 and set(bank.hook_index.tolist()) == {0, 1}
-    sae = bind(fit.sae, model)
+    sae = bind(model, fit.sae)
     dec = decompose(sae, bank.states[:5], vocab_mean_contrast(4, model.cfg.d_vocab))
     single = decompose(sae, bank.states[3], vocab_mean_contrast(4, model.cfg.d_vocab))
     assert dec.contributions.shape == (5, sae.cfg.d_sae)
@@ -152,7 +159,7 @@ def test_bad_input_errors(fitted):
     with pytest.raises(IndexError):
         token_logit(V, V)
     with pytest.raises(ValueError, match="preset"):
-        fit_readout(model, preset="huge")
+        ReadoutFitConfig.preset("huge")
 
 
 def test_diagnostics_and_baselines(fitted):
@@ -168,9 +175,14 @@ def test_diagnostics_and_baselines(fitted):
     # PCA at full rank reproduces the rows; every baseline returns rows of the right shape.
     assert torch.allclose(bl.pca(rows, rank=model.cfg.d_model), rows, atol=1e-4)
     cent = bl.spherical_kmeans(bl.normalise_rows(rows)[2], 8, iters=3)
-    for hat in (bl.shuffled_codes(fit.sae, rows), bl.random_support(fit.sae, rows), bl.hard_assignment(rows, cent),
-                bl.kmeans_ridge(rows, cent, k=4), bl.knn_basis(rows, n_neighbours=8),
-                bl.nearest_row_ridge(rows, n_neighbours=8)):
+    for hat in (
+        bl.shuffled_codes(fit.sae, rows),
+        bl.random_support(fit.sae, rows),
+        bl.hard_assignment(rows, cent),
+        bl.kmeans_ridge(rows, cent, k=4),
+        bl.knn_basis(rows, n_neighbours=8),
+        bl.nearest_row_ridge(rows, n_neighbours=8),
+    ):
         assert hat.shape == rows.shape and torch.isfinite(hat).all()
     # Cluster bootstrap of a constant is that constant.
     assert cluster_bootstrap(torch.ones(10), torch.arange(10) // 2, n_boot=20) == [1.0, 1.0]
@@ -194,9 +206,9 @@ def test_cross_lens_identical_lenses_agree(fitted):
     assert M.shape == (model.cfg.d_model, model.cfg.d_model)
     _, cache = model.run_with_cache(tokens[2:4], names_filter=[hook])
     resid = cache[hook].reshape(-1, model.cfg.d_model)
-    same = cross_lens_check(fit.sae, model, resid, M, M.clone(), hook=hook)
+    same = cross_lens_check(model, fit.sae, resid, M, M.clone(), hook=hook)
     assert same.feature_agreement == 1.0 and same.token_disagreement == 0.0
-    other = cross_lens_check(fit.sae, model, resid, M, torch.eye(model.cfg.d_model), hook=hook)
+    other = cross_lens_check(model, fit.sae, resid, M, torch.eye(model.cfg.d_model), hook=hook)
     assert 0.0 <= other.feature_agreement <= 1.0 and other.n_states == resid.shape[0]
 
 
@@ -206,14 +218,15 @@ def test_evaluate_readout_runs_every_baseline(fitted, tmp_path):
 
     model, tokens, fit = fitted["gated_rms"]
     bank = collect_states(model, tokens)
-    with Tracker(tmp_path, use_wandb=False) as tracker:
-        report = evaluate_readout(fit.sae, model, bank, ablation_states=10, n_boot=20, tracker=tracker)
+    report = evaluate_readout(model, fit.sae, bank, ablation_states=10, n_boot=20)
     assert set(report.baselines) == set(bl.BASELINE_ORDER)
+    with Tracker(tmp_path, use_wandb=False) as tracker:
+        tracker.log_table("readout_vs_baselines", *report.table())
     assert (tmp_path / "readout_vs_baselines.csv").exists()
     report.save(tmp_path / "report")
-    assert ReadoutReport.load(tmp_path / "report").srp["top1"] == report.srp["top1"]
+    assert ReadoutReport.load(tmp_path / "report").srp.top1 == report.srp.top1
     with pytest.raises(ValueError, match="Unknown baselines"):
-        evaluate_readout(fit.sae, model, bank, baselines=["nope"], ablation_states=0)
+        evaluate_readout(model, fit.sae, bank, baselines=["nope"], ablation_states=0)
 
 
 def test_cli_parser_has_readout_actions():

@@ -24,8 +24,7 @@ def test_identity_every_family_embedded(embedded_model, tmp_path):
     tokens = load_corpus("embedded", model, n_seqs=2, seq_len=12, split="evaluation", seed=3)
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     states = collect_states(model, tokens, [last, "blocks.20.hook_resid_post"])
-    fit = fit_readout(model, states=states, width=1152, k=32, steps=5, batch_rows=128, batch_pairs=32,
-                      use_wandb=False, progress=False, out_dir=tmp_path)
+    fit = fit_readout(model, states=states, width=1152, k=32, steps=5, batch_rows=128, batch_pairs=32, progress=False)
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens, names_filter=[last])
     h = model.ln_final(cache[last][0, -1]).float()
@@ -33,9 +32,13 @@ def test_identity_every_family_embedded(embedded_model, tmp_path):
     V = model.cfg.d_vocab
     bug, insect = model.to_single_token(" bug"), model.to_single_token(" insect")
     alpha_c, top1, _ = top1_vs_competitor(h, model)
-    families = {"token_logit": token_logit(top1, V), "margin": margin(bug, insect, V),
-                "group_mean": group_mean([bug, insect, top1], V), "vocab_mean_contrast": vocab_mean_contrast(top1, V),
-                "top1_vs_competitor": alpha_c}
+    families = {
+        "token_logit": token_logit(top1, V),
+        "margin": margin(bug, insect, V),
+        "group_mean": group_mean([bug, insect, top1], V),
+        "vocab_mean_contrast": vocab_mean_contrast(top1, V),
+        "top1_vs_competitor": alpha_c,
+    }
     for name, alpha in families.items():
         dec = decompose(fit.sae, h, alpha, model=model)
         total = dec.bias + dec.contributions.sum(-1) + dec.residual

@@ -22,8 +22,14 @@ from sae_lens.saes.sae import SAEMetadata
 from tests.helpers import STYLES, tiny_model, tiny_readout, tiny_tokens
 from tl_query_lens import FFKV, FFKVSAE
 
-SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_output", "hook_sae_recons",
-             "hook_sae_error")
+SAE_HOOKS = (
+    "hook_sae_input",
+    "hook_sae_acts_pre",
+    "hook_sae_acts_post",
+    "hook_sae_output",
+    "hook_sae_recons",
+    "hook_sae_error",
+)
 READOUT_WIDTH = 2304  # > 2048: feature ids that neither bfloat16 (exact to 256) nor float16 (to 2048) can hold
 
 
@@ -39,8 +45,14 @@ def _inputs(model, sae: SAE) -> torch.Tensor:
 
 
 def _metadata(model, hook_name: str, hook_name_out: str | None = None) -> SAEMetadata:
-    return SAEMetadata(model_name=model.cfg.model_name, hook_name=hook_name, hook_name_out=hook_name_out,
-                       hook_layer=1, prepend_bos=True, context_size=model.cfg.n_ctx)
+    return SAEMetadata(
+        model_name=model.cfg.model_name,
+        hook_name=hook_name,
+        hook_name_out=hook_name_out,
+        hook_layer=1,
+        prepend_bos=True,
+        context_size=model.cfg.n_ctx,
+    )
 
 
 def _randomise(sae: SAE, seed: int) -> SAE:
@@ -55,16 +67,24 @@ def _randomise(sae: SAE, seed: int) -> SAE:
 def _topk_control(model) -> SAE:
     d = model.cfg.d_model
     torch.manual_seed(1)
-    cfg = TopKSAEConfig(d_in=d, d_sae=64, k=8, dtype="float32", device="cpu",
-                        metadata=_metadata(model, "blocks.1.hook_resid_post"))
+    cfg = TopKSAEConfig(
+        d_in=d, d_sae=64, k=8, dtype="float32", device="cpu", metadata=_metadata(model, "blocks.1.hook_resid_post")
+    )
     return _randomise(TopKSAE(cfg), 1)
 
 
 def _transcoder_control(model) -> SAE:
     d = model.cfg.d_model
     torch.manual_seed(2)
-    cfg = TranscoderConfig(d_in=d, d_out=d, d_sae=64, dtype="float32", device="cpu", apply_b_dec_to_input=False,
-                           metadata=_metadata(model, "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"))
+    cfg = TranscoderConfig(
+        d_in=d,
+        d_out=d,
+        d_sae=64,
+        dtype="float32",
+        device="cpu",
+        apply_b_dec_to_input=False,
+        metadata=_metadata(model, "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"),
+    )
     return _randomise(Transcoder(cfg), 2)
 
 
@@ -109,8 +129,15 @@ CASES = [
     case
     for style in STYLES
     for case in (
-        *(Case(f"ffkv-{v}-{style}", style, "transcoder",
-               functools.partial(lambda m, kw: FFKV.from_model(m, 1, **kw), kw=kw)) for v, kw in FFKV_VARIANTS.items()),
+        *(
+            Case(
+                f"ffkv-{v}-{style}",
+                style,
+                "transcoder",
+                functools.partial(lambda m, kw: FFKV.from_model(m, 1, **kw), kw=kw),
+            )
+            for v, kw in FFKV_VARIANTS.items()
+        ),
         Case(f"readout-{style}", style, "sae", _readout),
         Case(f"topk-control-{style}", style, "sae", _topk_control),
         Case(f"transcoder-control-{style}", style, "transcoder", _transcoder_control),
@@ -248,9 +275,13 @@ def test_fold_W_dec_norm_exact_or_refused(case, route, tmp_path):
 def test_fold_W_dec_norm_behaviour_by_variant():
     """Which FF-KV variants fold exactly and which refuse (the conformance test accepts either)."""
     model = _model("gated_rms")
-    for kw, folds in [({"variant": "vanilla"}, True), ({"variant": "normalized"}, True),
-                      ({"variant": "normalized", "k": 8}, True), ({"variant": "topk", "k": 8}, False),
-                      ({"variant": "topk", "k": 8, "topk_by": "value"}, False)]:
+    for kw, folds in [
+        ({"variant": "vanilla"}, True),
+        ({"variant": "normalized"}, True),
+        ({"variant": "normalized", "k": 8}, True),
+        ({"variant": "topk", "k": 8}, False),
+        ({"variant": "topk", "k": 8, "topk_by": "value"}, False),
+    ]:
         sae = FFKV.from_model(model, 1, **kw)
         if folds:
             sae.fold_W_dec_norm()

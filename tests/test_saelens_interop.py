@@ -50,8 +50,15 @@ def _run_fresh(tmp_path: Path, args: list[str], **env: str) -> subprocess.Comple
         shutil.copy(ROOT / PTH, site_dir / PTH)
         code = f"import site; site.addsitedir({str(site_dir)!r})\n" + SCRIPT
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,
-                          cwd=tmp_path, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=tmp_path,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_load_without_import(tmp_path):
@@ -67,8 +74,11 @@ def test_load_without_import(tmp_path):
     done = _run_fresh(tmp_path, args, TLQL_CACHE=str(cache))
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["types"] == ["tl_query_lens.dictionaries.ffkv.FFKVSAE", "tl_query_lens.readout.sae.ReadoutSAE",
-                            "tl_query_lens.readout.sae.ReadoutSAE"]
+    assert out["types"] == [
+        "tl_query_lens.dictionaries.ffkv.FFKVSAE",
+        "tl_query_lens.readout.sae.ReadoutSAE",
+        "tl_query_lens.readout.sae.ReadoutSAE",
+    ]
     assert out["ids"] == readout.code_indices.tolist()  # bf16 load, every feature id kept
 
     # Control: with the start-up hook switched off, SAELens alone cannot resolve the architecture.
@@ -78,19 +88,26 @@ def test_load_without_import(tmp_path):
 
 def test_hook_is_inert_without_sae_lens_and_when_package_imports_it():
     """The hook imports nothing until sae_lens is imported, and stays out of tl_query_lens' own import."""
-    code = ("import site, sys; site.addsitedir(sys.argv[1]);"
-            "import _tl_query_lens_saelens as h;"
-            "assert 'tl_query_lens' not in sys.modules and 'torch' not in sys.modules;"
-            "assert any(isinstance(f, h.RegisterAfterSAELens) for f in sys.meta_path);"
-            "import tl_query_lens; from sae_lens.registry import SAE_CLASS_REGISTRY as R;"
-            "assert {'ffkv', 'readout'} <= set(R); print('ok')")
+    code = (
+        "import site, sys; site.addsitedir(sys.argv[1]);"
+        "import _tl_query_lens_saelens as h;"
+        "assert 'tl_query_lens' not in sys.modules and 'torch' not in sys.modules;"
+        "assert any(isinstance(f, h.RegisterAfterSAELens) for f in sys.meta_path);"
+        "import tl_query_lens; from sae_lens.registry import SAE_CLASS_REGISTRY as R;"
+        "assert {'ffkv', 'readout'} <= set(R); print('ok')"
+    )
     site_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"tlql-pth-{os.getpid()}"
     site_dir.mkdir(exist_ok=True)
     shutil.copy(ROOT / PTH, site_dir / PTH)
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(site_dir)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=600,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(site_dir)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+            timeout=600,
+            check=False,
+        )
     finally:
         shutil.rmtree(site_dir, ignore_errors=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

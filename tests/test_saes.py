@@ -25,8 +25,18 @@ from tl_query_lens.saes.transcoder import (
     TopKTranscoder,
 )
 
-TINY = {"model": "tiny-test", "layers": (1, 2), "d_sae": 48, "k": 4, "training_tokens": 1536,
-        "batch_size_tokens": 128, "n_checkpoints": 3, "lr_warm_up_steps": 2, "dead_feature_window": 4, "seq_len": 16}
+TINY = {
+    "model": "tiny-test",
+    "layers": (1, 2),
+    "d_sae": 48,
+    "k": 4,
+    "training_tokens": 1536,
+    "batch_size_tokens": 128,
+    "n_checkpoints": 3,
+    "lr_warm_up_steps": 2,
+    "dead_feature_window": 4,
+    "seq_len": 16,
+}
 
 
 @pytest.fixture()
@@ -37,8 +47,9 @@ def cache(tmp_path, monkeypatch):
 
 def _step(sae, batch, dead=None):
     dead = torch.zeros(sae.cfg.d_sae, dtype=torch.bool) if dead is None else dead
-    return sae.training_forward_pass(TrainStepInput(sae_in=batch, coefficients={}, dead_neuron_mask=dead,
-                                                    n_training_steps=0, is_logging_step=False))
+    return sae.training_forward_pass(
+        TrainStepInput(sae_in=batch, coefficients={}, dead_neuron_mask=dead, n_training_steps=0, is_logging_step=False)
+    )
 
 
 def test_fast_topk_matches_sae_lens_loss_and_gradients():
@@ -97,6 +108,18 @@ def test_shuffled_epochs_cover_every_token_and_resume_at_any_position(tmp_path):
     assert all(torch.equal(b, next(resumed)["a"]) for b in later)
     with pytest.raises(ValueError, match="fewer than one batch"):
         ShuffledEpochs(act, keys, batch_size=128, seed=1)
+    # Without position 0 of each window: one epoch is exactly the 56 rows at positions 1..7.
+    skip = ShuffledEpochs(act, keys, batch_size=14, seed=1, seq_len=8, exclude_first_positions=1)
+    epoch = torch.cat([next(skip)["a"] for _ in range(4)])
+    kept = stored.reshape(8, 8, -1)[:, 1:].reshape(56, -1)
+    assert sorted(map(tuple, epoch.tolist())) == sorted(map(tuple, kept.tolist()))
+
+
+def test_training_skips_the_attention_sink_position():
+    # The cached SmolLM2 residual has ~98.9% of its variance at position 0 (docs/saes.md); the suite leaves it out.
+    assert SAESuiteConfig().exclude_first_positions == 1
+    with pytest.raises(ValueError, match="exclude_first_positions"):
+        SAESuiteConfig(seq_len=8, exclude_first_positions=8)
 
 
 def test_untrained_release_error_names_the_command(cache):
@@ -109,9 +132,15 @@ def test_train_then_load_in_fresh_process_and_splice(cache, tmp_path):
     model = tiny_model("gated_rms")
     tokens = tiny_tokens(model, n_seqs=32, seq_len=16)
     result = train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)
-    assert result.complete and result.training_tokens_seen == 1536 and result.epochs == pytest.approx(3.0)
-    assert result.sae_ids == ["blocks.1.hook_resid_post", "blocks.1.transcoder",
-                              "blocks.2.hook_resid_post", "blocks.2.transcoder"]
+    assert (
+        result.complete and result.training_tokens_seen == 1536 and result.epochs == pytest.approx(1536 / (32 * 15))
+    )  # position 0 left out
+    assert result.sae_ids == [
+        "blocks.1.hook_resid_post",
+        "blocks.1.transcoder",
+        "blocks.2.hook_resid_post",
+        "blocks.2.transcoder",
+    ]
     torch.save({"state": model.state_dict(), "tokens": tokens[:2]}, tmp_path / "model.pt")
     script = f"""
 import torch
@@ -141,8 +170,9 @@ for sid in {result.sae_ids!r}:
 print("ok")
 """
     env = {**os.environ, "TLQL_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
     again = train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)  # already trained: nothing to do
     assert again.complete and again.seconds_training == result.seconds_training
@@ -220,7 +250,7 @@ def test_report_matches_splice_metrics_and_zero_ablation(cache):
     tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=32, d_sae=40, k=6))
     tc.cfg.metadata.hook_name, tc.cfg.metadata.hook_name_out = "blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out"
     saes = {"sae": sae.eval(), "tc": tc.eval()}
-    quality = suite_quality(model, saes, tokens, batch_size=2)
+    quality = suite_quality(model, saes, tokens, batch_size=2, exclude_first_positions=0)
     for sid, dictionary in saes.items():
         ref = splice_metrics(model, dictionary, tokens)
         row = quality.row(sid)
@@ -232,8 +262,9 @@ def test_report_matches_splice_metrics_and_zero_ablation(cache):
             return torch.zeros_like(act)
 
         logits = model.run_with_hooks(tokens, fwd_hooks=[(hook, zero)])
-        ce_zero = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                    tokens[:, 1:].reshape(-1)).item()
+        ce_zero = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        ).item()
         assert row["ce_zero"] == pytest.approx(ce_zero, rel=1e-4)
         want = (ce_zero - ref.ce_spliced) / (ce_zero - ref.ce_clean)
         assert row["ce_recovered"] == pytest.approx(want, rel=1e-3)
@@ -257,3 +288,92 @@ def test_cli_rejects_out_of_range_layers_and_unknown_ids(cache, monkeypatch, cap
 def test_steps_cover_at_least_the_requested_tokens():
     cfg = SAESuiteConfig(training_tokens=2_000_000, batch_size_tokens=1024)
     assert cfg.n_steps == 1954 and cfg.n_steps * 1024 >= 2_000_000
+
+
+def test_report_keeps_the_first_position_clean_like_saebench(cache):
+    """Reference: a hook that splices positions >= 1 only, run through the model's own loss."""
+    from transformer_lens.hook_points import HookPoint
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=4, seq_len=10, seed=5)
+    torch.manual_seed(1)
+    tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=32, d_sae=40, k=6)).eval()
+    tc.cfg.metadata.hook_name, tc.cfg.metadata.hook_name_out = "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"
+    row = suite_quality(model, {"tc": tc}, tokens, batch_size=3).row("tc")
+    _, clean_cache = model.run_with_cache(tokens, names_filter=["blocks.1.ln2.hook_normalized"])
+    y_hat = tc.decode(tc.encode(clean_cache["blocks.1.ln2.hook_normalized"]))
+
+    def splice(act: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        out = act.clone()
+        out[:, 1:] = y_hat[:, 1:]
+        return out
+
+    clean = model(tokens, return_type="loss").item()
+    spliced = model.run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.1.hook_mlp_out", splice)]).item()
+    assert row["ce_clean"] == pytest.approx(clean, rel=1e-5)
+    assert row["ce_spliced"] == pytest.approx(spliced, rel=1e-5)
+    assert row["ce_spliced"] != pytest.approx(splice_metrics(model, tc, tokens).ce_spliced, rel=1e-6)
+    via_hooks = splice_metrics(model, tc, tokens, exclude_first_positions=1)  # the other code path (a write hook)
+    for key in ("alive_rate", "mean_l0", "explained_variance", "ce_spliced", "kl"):
+        assert row[key] == pytest.approx(getattr(via_hooks, key), rel=1e-4, abs=1e-6), key
+    acts = tc.encode(clean_cache["blocks.1.ln2.hook_normalized"])[:, 1:]
+    assert row["mean_l0"] == pytest.approx((acts != 0).sum(-1).float().mean().item())
+    with pytest.raises(ValueError, match="exclude_first_positions"):
+        suite_quality(model, {"tc": tc}, tokens, exclude_first_positions=9)
+
+
+def test_biases_start_at_the_data_mean():
+    from tl_query_lens.saes.train import init_biases_from_mean
+
+    torch.manual_seed(0)
+    x_mean, y_mean = torch.randn(32) * 5, torch.randn(24)
+    sae = FastTopKTrainingSAE(TopKTrainingSAEConfig(d_in=32, d_sae=40, k=6))
+    init_biases_from_mean(sae, x_mean)
+    _, pre = sae.encode_with_hidden_pre(x_mean[None])
+    assert torch.allclose(pre, torch.zeros_like(pre), atol=1e-5)  # the encoder sees x - mean
+    tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
+    init_biases_from_mean(tc, x_mean, y_mean)
+    _, pre = tc.encode_with_hidden_pre(x_mean[None])
+    assert torch.allclose(pre, torch.zeros_like(pre), atol=1e-5)  # a fixed input centring, not a b_enc shift
+    assert torch.equal(tc.b_dec.detach(), y_mean)
+
+
+def test_centred_transcoder_exports_and_resumes_exactly(tmp_path):
+    from tl_query_lens.saes.train import init_biases_from_mean
+
+    torch.manual_seed(1)
+    tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
+    init_biases_from_mean(tc, torch.randn(32) * 3, torch.randn(24))
+    with torch.no_grad():
+        tc.b_enc.add_(torch.randn(40) * 0.1)  # as after some training
+    x = torch.randn(7, 32) * 2 + 1
+    want = tc.decode(tc.encode(x))
+    tc.save_inference_model(tmp_path / "tc")
+    loaded = SAE.load_from_disk(str(tmp_path / "tc"))
+    assert isinstance(loaded, TopKTranscoder) and "input_mean" not in loaded.state_dict()
+    assert torch.allclose(loaded.decode(loaded.encode(x)), want, atol=1e-5)  # the mean is folded into b_enc
+    fresh = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=24, d_sae=40, k=6))
+    fresh.load_state_dict(tc.state_dict())  # a checkpoint restores the centring
+    assert torch.allclose(fresh.decode(fresh.encode(x)), want, atol=1e-6)
+
+
+def test_a_fresh_run_starts_every_dictionary_at_its_training_rows_mean(cache, monkeypatch):
+    import tl_query_lens.saes.train as train_module
+
+    seen = {}
+    real = train_module.init_biases_from_mean
+
+    def record(sae, x_mean, y_mean=None):
+        seen[sae.cfg.metadata.hook_name] = (x_mean.clone(), None if y_mean is None else y_mean.clone())
+        real(sae, x_mean, y_mean)
+
+    monkeypatch.setattr(train_module, "init_biases_from_mean", record)
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=32, seq_len=16)
+    train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)
+    _, clean = model.run_with_cache(tokens)
+    x = clean["blocks.1.ln2.hook_normalized"][:, 1:].reshape(-1, 32)  # position 0 is not a training row
+    y = clean["blocks.1.hook_mlp_out"][:, 1:].reshape(-1, 32)
+    x_mean, y_mean = seen["blocks.1.ln2.hook_normalized"]
+    assert torch.allclose(x_mean, x.mean(0), atol=2e-3) and torch.allclose(y_mean, y.mean(0), atol=2e-3)
+    assert seen["blocks.1.hook_resid_post"][1] is None and len(seen) == 4

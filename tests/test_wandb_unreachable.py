@@ -50,14 +50,10 @@ def _check_warning(text: str, out) -> None:
     assert "wandb sync" in text and "--no-wandb" in text and "WANDB_MODE=offline" in text
 
 
-def test_cli_finishes_with_results_when_wandb_is_unreachable(
-    unreachable_wandb, tiny_loaders, tmp_path, caplog
-):
+def test_cli_finishes_with_results_when_wandb_is_unreachable(unreachable_wandb, tiny_loaders, tmp_path, caplog):
     out = tmp_path / "ffkv"
     with caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"):
-        rc = main(
-            ["ffkv", "--layers", "0,2", "--k", "8", "--n-seqs", "2", "--seq-len", "8", "--out", str(out)]
-        )
+        rc = main(["ffkv", "--layers", "0,2", "--k", "8", "--n-seqs", "2", "--seq-len", "8", "--out", str(out)])
     assert rc == 0
     rows = list(csv.DictReader((out / "ffkv_summary.csv").open()))
     assert [r["layer"] for r in rows] == ["0", "2"]

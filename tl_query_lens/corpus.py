@@ -163,7 +163,9 @@ def _read_local(path: Path) -> list[str]:
     if path.is_dir():
         files = sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl"))
         if not files:
-            raise InputError(f"The corpus folder {path} holds no .txt or .jsonl files; put documents there or pass a file.")
+            raise InputError(
+                f"The corpus folder {path} holds no .txt or .jsonl files; put documents there or pass a file."
+            )
         return [doc for p in files for doc in _read_local(p)]
     try:
         text = path.read_text(encoding="utf-8")
@@ -185,8 +187,9 @@ def _read_jsonl(path: Path, text: str) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise CorruptFileError(f"{path}:{n}", f"line {n} is not valid JSON ({err.msg} at column {err.colno})",
-                                   fix) from err
+            raise CorruptFileError(
+                f"{path}:{n}", f"line {n} is not valid JSON ({err.msg} at column {err.colno})", fix
+            ) from err
         if not isinstance(record, dict) or "text" not in record:
             raise CorruptFileError(f"{path}:{n}", f"line {n} has no 'text' field", fix)
         docs.append(str(record["text"]))
@@ -197,8 +200,10 @@ def _read_hf_dataset(name: str, max_docs: int, text_field: str = "text") -> list
     try:
         import datasets
     except ImportError as err:
-        raise UnavailableError(f"{name!r} is not a local file or folder, and HF datasets as a corpus need "
-                               "`pip install datasets`; offline, use 'embedded' or a local .txt/.jsonl path.") from err
+        raise UnavailableError(
+            f"{name!r} is not a local file or folder, and HF datasets as a corpus need "
+            "`pip install datasets`; offline, use 'embedded' or a local .txt/.jsonl path."
+        ) from err
     try:
         stream = datasets.load_dataset(name, split="train", streaming=True)
         return [str(row[text_field]) for _, row in zip(range(max_docs), stream)]
@@ -221,8 +226,9 @@ def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_do
     if path.exists():
         return _read_local(path)
     if path.suffix in {".txt", ".jsonl"}:
-        raise MissingFileError(f"Corpus file {path} does not exist; give an existing .txt/.jsonl file or folder, "
-                               "or 'embedded'.")
+        raise MissingFileError(
+            f"Corpus file {path} does not exist; give an existing .txt/.jsonl file or folder, or 'embedded'."
+        )
     return _read_hf_dataset(str(source), max_hf_docs)
 
 
@@ -235,14 +241,17 @@ def document_split(text: str) -> str:
 def _get_tokenizer(tokenizer):
     tok = getattr(tokenizer, "tokenizer", None) or tokenizer  # accept a HookedTransformer
     if tok is None or not callable(getattr(tok, "encode", None)):
-        raise TypeError("load_corpus needs a tokenizer (or a model with .tokenizer); got "
-                        f"{type(tokenizer).__name__}. Tiny models without a tokenizer: pass token tensors directly.")
+        raise TypeError(
+            "load_corpus needs a tokenizer (or a model with .tokenizer); got "
+            f"{type(tokenizer).__name__}. Tiny models without a tokenizer: pass token tensors directly."
+        )
     return tok
 
 
 def load_corpus(
     source: str | Path | Iterable[str] = "embedded",
     tokenizer=None,
+    *,
     n_seqs: int | None = 64,
     seq_len: int = 32,
     split: Split = "train",
@@ -264,8 +273,10 @@ def load_corpus(
     tok = _get_tokenizer(tokenizer)
     docs = [d for d in read_documents(source) if d.strip() and document_split(d) == split]
     if not docs:
-        raise InputError(f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
-                         "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field).")
+        raise InputError(
+            f"The corpus {source!r} has no documents in split {split!r}; give a larger corpus "
+            "(a .txt file with blank-line-separated paragraphs, or a .jsonl with a 'text' field)."
+        )
     stream = _token_stream(tuple(docs), tok)
     n_windows = stream.numel() // seq_len
     if n_seqs is None:
@@ -281,22 +292,14 @@ def load_corpus(
     return windows[torch.tensor(order[:n_seqs])].clone()
 
 
-def _token_stream(docs: tuple[str, ...], tok) -> torch.Tensor:
-    key = (docs.__hash__(), getattr(tok, "name_or_path", ""), len(tok))
-    cached = _STREAM_CACHE.get(key)
-    if cached is None:
-        sep = tok.eos_token_id if tok.eos_token_id is not None else 0
-        ids: list[int] = []
-        for doc in docs:
-            ids.extend(tok.encode(doc, add_special_tokens=False))
-            ids.append(sep)
-        cached = torch.tensor(ids, dtype=torch.long)
-        _STREAM_CACHE.clear()
-        _STREAM_CACHE[key] = cached
-    return cached
-
-
-_STREAM_CACHE: dict[tuple, torch.Tensor] = {}
+def _token_stream(docs: list[str], tok) -> torch.Tensor:
+    """The documents tokenised and joined with EOS (no cache: a tokenizer is not a safe cache key)."""
+    sep = tok.eos_token_id if tok.eos_token_id is not None else 0
+    ids: list[int] = []
+    for doc in docs:
+        ids.extend(tok.encode(doc, add_special_tokens=False))
+        ids.append(sep)
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def corpus_fingerprint(tokens: torch.Tensor) -> str:

@@ -54,9 +54,19 @@ class DemoConfig:
 
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
-        base = dict(ffkv_layers=(12, 24), ql_layer=24, n_features=4, operator_seqs=1, seq_len=12, splice_seqs=4,
-                    readout_sae_id="quick", readout_overrides=dict(width_mult=2, k=32, steps=80, n_seqs=8),
-                    cert_layer=24, n_cal=32, n_eval=96)
+        base = {
+            "ffkv_layers": (12, 24),
+            "ql_layer": 24,
+            "n_features": 4,
+            "operator_seqs": 1,
+            "seq_len": 12,
+            "splice_seqs": 4,
+            "readout_sae_id": "quick",
+            "readout_overrides": {"width_mult": 2, "k": 32, "steps": 80, "n_seqs": 8},
+            "cert_layer": 24,
+            "n_cal": 32,
+            "n_eval": 96,
+        }
         return cls(**{**base, **overrides})
 
 
@@ -72,34 +82,40 @@ class DemoOutputs:
 def _ffkv_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     import plotly.graph_objects as go
 
-    from tl_query_lens import FFKV, load_corpus
-    from tl_query_lens.dictionaries.splice import splice_metrics
+    from tl_query_lens import load_corpus
+    from tl_query_lens.dictionaries.splice import ffkv_summary
 
     tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.splice_seqs, seq_len=32, split="evaluation", seed=cfg.seed)
+    summary = ffkv_summary(model, cfg.ffkv_layers, tokens, k=cfg.k, dense=False)
+    summary.save(cfg.out / "ffkv")
     columns = ["layer", "alive_rate", "mean_l0", "explained_variance", "ce_delta_nats", "kl_nats"]
-    rows = []
-    for layer in cfg.ffkv_layers:
-        m = splice_metrics(model, FFKV.from_model(model, layer, "topk", k=cfg.k), tokens)
-        m.save(cfg.out / "ffkv" / f"layer{layer}")
-        rows.append([layer, m.alive_rate, m.mean_l0, m.explained_variance, m.ce_delta, m.kl])
+    rows = [
+        [layer, m.alive_rate, m.mean_l0, m.explained_variance, m.ce_delta, m.kl] for layer, m in summary.sparse.items()
+    ]
     tracker.log_table("ffkv_summary", columns, rows)
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[3] for r in rows], name="explained variance"))
     fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[4] for r in rows], name="CE change (nats)"))
-    fig.update_layout(title=f"FF-KV TopK-{cfg.k} splice per layer", xaxis_title="layer", barmode="group",
-                      template="plotly_white")
+    fig.update_layout(
+        title=f"FF-KV TopK-{cfg.k} splice per layer", xaxis_title="layer", barmode="group", template="plotly_white"
+    )
     tracker.log_plot("ffkv_per_layer", fig)
-    return Section(f"FF-KV dictionaries (TopK-{cfg.k})", text=(
-        f"Each MLP as a training-free dictionary; TopK-{cfg.k} spliced in without the error term on "
-        f"{cfg.splice_seqs}×32 evaluation tokens."), tables=[(columns, rows)], figures=[fig])
+    return Section(
+        f"FF-KV dictionaries (TopK-{cfg.k})",
+        text=(
+            f"Each MLP as a training-free dictionary; TopK-{cfg.k} spliced in without the error term on "
+            f"{cfg.splice_seqs}×32 evaluation tokens."
+        ),
+        tables=[(columns, rows)],
+        figures=[fig],
+    )
 
 
 def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section, Path]:
     from tl_query_lens import FFKV, QueryLens, load_corpus
     from tl_query_lens.models import cache_dir
 
-    tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.operator_seqs, seq_len=cfg.seq_len, split="train",
-                         seed=cfg.seed)
+    tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.operator_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
     ffkv = FFKV.from_model(model, cfg.ql_layer)
     _, cache = model.run_with_cache(tokens, names_filter=[ffkv.cfg.metadata.hook_name])
     acts = ffkv.encode(cache[ffkv.cfg.metadata.hook_name]).abs().amax((0, 1))
@@ -107,13 +123,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
     gen = torch.Generator().manual_seed(cfg.seed)
     features = active[torch.randperm(active.numel(), generator=gen)[: cfg.n_features]].sort().values
     lens = QueryLens(model, tokens, cache_dir=cfg.operator_cache or cache_dir() / "operators")
-    sigs = {
-        "value_logit_lens": lens.value_signatures(ffkv, features, k=25, method="logit_lens"),
-        "value_full": lens.value_signatures(ffkv, features, k=25, method="full"),
-        "value_first_order": lens.value_signatures(ffkv, features, k=25, method="first_order"),
-        "key_logit_lens": lens.key_signatures(ffkv, features, k=25, method="logit_lens"),
-        "key_full": lens.key_signatures(ffkv, features, k=25, method="full"),
-    }
+    sigs = lens.signature_set(ffkv, features, k=25)  # the Table-1 method set
     rows = []
     for name, sig in sigs.items():
         sig.save(cfg.out / "query_lens" / name)
@@ -121,28 +131,41 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
             rows.append([name, feature, " ".join(repr(s) for s in (sig.top_strings or [[]] * len(sig))[row][:10])])
     tracker.log_table("query_lens_signatures", ["signature", "feature", "top tokens"], rows)
     cards = []
-    first_order = sigs["value_first_order"]
+    first_order = sigs["QL_VALUE_1st"]
     for row, feature in enumerate(features.tolist()):
+
         def lists(*names: str, row: int = row) -> list[TokenList]:
-            return [TokenList(n.replace("_", " "), sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
-                    for n in names if sigs[n].top_strings is not None]
+            return [
+                TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
+                for n in names
+                if sigs[n].top_strings is not None
+            ]
 
         shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))
         top_shares = dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:8])
-        cards.append(FeatureCard(f"layer {cfg.ql_layer} FF-KV feature {feature}",
-                                 key_lists=lists("key_logit_lens", "key_full"),
-                                 value_lists=lists("value_logit_lens", "value_full"), module_shares=top_shares,
-                                 notes="per-module shares: first-order decomposition of the summed top-25 value "
-                                       "scores, signed; over the direct term and every downstream module they sum to "
-                                       "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
-                                       "shown)"))
-    records = neuronpedia_features(sigs["value_full"], key=sigs["key_full"], model_id=model.cfg.model_name,
-                                   sae_id="ffkv")
+        cards.append(
+            FeatureCard(
+                f"layer {cfg.ql_layer} FF-KV feature {feature}",
+                key_lists=lists("LL_KEY", "QL_KEY"),
+                value_lists=lists("LL_VALUE", "QL_VALUE"),
+                module_shares=top_shares,
+                notes="per-module shares: first-order decomposition of the summed top-25 value "
+                "scores, signed; over the direct term and every downstream module they sum to "
+                "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
+                "shown)",
+            )
+        )
+    records = neuronpedia_features(sigs["QL_VALUE"], key=sigs["QL_KEY"], model_id=model.cfg.model_name, sae_id="ffkv")
     np_path = export_neuronpedia(cfg.out / "neuronpedia_features.json", records)
-    section = Section(f"Query Lens vs logit lens — layer {cfg.ql_layer} FF-KV features", text=(
-        f"Operators from {cfg.operator_seqs}×{cfg.seq_len} corpus tokens. Key: what activates the feature "
-        "(LL_KEY = E·k raw; QL_KEY through the corpus-mean Jacobian from the embeddings). Value: what it promotes "
-        "(LL_VALUE = W_U·LN_f(v); QL_VALUE full through the value operator)."), cards=cards)
+    section = Section(
+        f"Query Lens vs logit lens — layer {cfg.ql_layer} FF-KV features",
+        text=(
+            f"Operators from {cfg.operator_seqs}×{cfg.seq_len} corpus tokens. Key: what activates the feature "
+            "(LL_KEY = E·k raw; QL_KEY through the corpus-mean Jacobian from the embeddings). Value: what it promotes "
+            "(LL_VALUE = W_U·LN_f(v); QL_VALUE full through the value operator)."
+        ),
+        cards=cards,
+    )
     return section, np_path
 
 
@@ -164,8 +187,10 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
         sae = SAE.load_from_disk(path)
         how = f"loaded from the cache {path}"
     else:
-        fit = fit_readout(model, preset="cpu", out_dir=cfg.out / "readout_fit", use_wandb=False,
-                          **cfg.readout_overrides)
+        fit = fit_readout(model, corpus=cfg.corpus, **cfg.readout_overrides)
+        if fit.history:
+            tracker.log_table("readout_train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
+        tracker.log_scalars("readout_fit", fit.final)
         sae = fit.sae
         sae.save_model(path)
         how = f"fitted in {fit.seconds:.0f} s ({cfg.readout_overrides or 'cpu preset'}) and cached at {path}"
@@ -181,21 +206,37 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     rest = float(dec.contributions[0].sum()) - sum(c for _, c in top)
     names = ["shared bias"] + [f"#{f} {labels.get(f, '')}"[:40] for f, _ in top] + ["other features", "residual"]
     values = [float(dec.bias[0])] + [c for _, c in top] + [rest, float(dec.residual[0])]
-    fig = go.Figure(go.Waterfall(x=names + ["exact score"], y=values + [float(dec.exact[0])],
-                                 measure=["relative"] * len(values) + ["total"]))
+    fig = go.Figure(
+        go.Waterfall(
+            x=names + ["exact score"], y=values + [float(dec.exact[0])], measure=["relative"] * len(values) + ["total"]
+        )
+    )
     pair = f"{model.to_single_str_token(top1)!r} vs {model.to_single_str_token(runner_up)!r}"
-    fig.update_layout(title=f"Readout decomposition of the logit margin {pair}", template="plotly_white",
-                      yaxis_title="score (logit units)")
+    fig.update_layout(
+        title=f"Readout decomposition of the logit margin {pair}",
+        template="plotly_white",
+        yaxis_title="score (logit units)",
+    )
     tracker.log_plot("readout_waterfall", fig)
-    tracker.log_scalars("readout_decomposition", {"exact": float(dec.exact[0]), "bias": float(dec.bias[0]),
-                                                  "sum_contributions": float(dec.contributions[0].sum()),
-                                                  "residual": float(dec.residual[0])})
+    tracker.log_scalars(
+        "readout_decomposition",
+        {
+            "exact": float(dec.exact[0]),
+            "bias": float(dec.bias[0]),
+            "sum_contributions": float(dec.contributions[0].sum()),
+            "residual": float(dec.residual[0]),
+        },
+    )
     context = model.to_string(tokens[0, -12:])
-    return Section("Readout SAE — one worked decomposition", text=(
-        f"Readout SAE {how}. Final-layer state after …{context!r}: the margin {pair} split exactly into the shared "
-        f"bias, per-feature contributions and the residual (identity error "
-        f"{abs(float(dec.bias[0] + dec.contributions[0].sum() + dec.residual[0] - dec.exact[0])):.2e})."),
-        figures=[fig])
+    return Section(
+        "Readout SAE — one worked decomposition",
+        text=(
+            f"Readout SAE {how}. Final-layer state after …{context!r}: the margin {pair} split exactly into the shared "
+            f"bias, per-feature contributions and the residual (identity error "
+            f"{abs(float(dec.bias[0] + dec.contributions[0].sum() + dec.residual[0] - dec.exact[0])):.2e})."
+        ),
+        figures=[fig],
+    )
 
 
 def _certify_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
@@ -212,14 +253,19 @@ def _certify_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     fig = bound_vs_n_figure({f"FF-KV TopK-{cfg.k} layer {cfg.cert_layer}": cert})
     tracker.log_plot("certificate_bound_vs_n", fig)
     columns = list(summary)
-    return Section(f"Certificate — FF-KV TopK-{cfg.k} proxy at layer {cfg.cert_layer}", text=(
-        f"Calibration {cfg.n_cal}, evaluation N = {cfg.n_eval} sequences of 32 tokens (disjoint splits). "
-        f"Bound U = {cert.bound:.2f} bits vs log2|V| = {cert.baseline_bits:.2f}: "
-        f"{'non-trivial' if cert.nontrivial else 'trivial'} at this N; N* = {cert.N_star:.0f} "
-        f"({'observed' if cert.N_star_observed else 'extrapolated'}). Pool P = {cert.P} of m = {cert.m} features; "
-        f"sequences leaving it (η̂ = {cert.eta_hat:.3f}) add Δ·η̂ = {cert.Delta * cert.eta_hat:.2f} bits to U "
-        f"(a larger calibration split shrinks this term)."),
-        tables=[(columns, [[summary[c] for c in columns]])], figures=[fig])
+    return Section(
+        f"Certificate — FF-KV TopK-{cfg.k} proxy at layer {cfg.cert_layer}",
+        text=(
+            f"Calibration {cfg.n_cal}, evaluation N = {cfg.n_eval} sequences of 32 tokens (disjoint splits). "
+            f"Bound U = {cert.bound:.2f} bits vs log2|V| = {cert.baseline_bits:.2f}: "
+            f"{'non-trivial' if cert.nontrivial else 'trivial'} at this N; N* = {cert.N_star:.0f} "
+            f"({'observed' if cert.N_star_observed else 'extrapolated'}). Pool P = {cert.P} of m = {cert.m} features; "
+            f"sequences leaving it (η̂ = {cert.eta_hat:.3f}) add Δ·η̂ = {cert.Delta * cert.eta_hat:.2f} bits to U "
+            f"(a larger calibration split shrinks this term)."
+        ),
+        tables=[(columns, [[summary[c] for c in columns]])],
+        figures=[fig],
+    )
 
 
 def run_demo(cfg: DemoConfig) -> DemoOutputs:
@@ -234,8 +280,12 @@ def run_demo(cfg: DemoConfig) -> DemoOutputs:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     sections: list[Section] = []
     with Tracker(cfg.out, name="demo", config=config, use_wandb=cfg.use_wandb) as tracker:
-        steps = [("ffkv", _ffkv_step), ("query_lens", _query_lens_step), ("readout", _readout_step),
-                 ("certify", _certify_step)]
+        steps = [
+            ("ffkv", _ffkv_step),
+            ("query_lens", _query_lens_step),
+            ("readout", _readout_step),
+            ("certify", _certify_step),
+        ]
         np_path = cfg.out / "neuronpedia_features.json"
         for name, step in steps:
             t0 = time.perf_counter()
@@ -248,8 +298,12 @@ def run_demo(cfg: DemoConfig) -> DemoOutputs:
         seconds["total"] = time.perf_counter() - start
         timing = [[k, round(v, 1)] for k, v in seconds.items()]
         sections.append(Section("Timing", tables=[(["step", "seconds"], timing)]))
-        report = build_report(cfg.out / "report.html", sections, title="tl_query_lens demo",
-                              subtitle=f"{model.cfg.model_name}, corpus '{cfg.corpus}', seed {cfg.seed}")
+        report = build_report(
+            cfg.out / "report.html",
+            sections,
+            title="tl_query_lens demo",
+            subtitle=f"{model.cfg.model_name}, corpus '{cfg.corpus}', seed {cfg.seed}",
+        )
         tracker.log_scalars("timing", seconds)
         tracker.log_artifact("demo-report", [report, np_path])
     wandb_dir = tracker.run_dir  # set once the tracker has finished (W&B is logged after the results)

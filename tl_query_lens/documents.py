@@ -91,13 +91,17 @@ def one_window_per_document(
         )
     rng = random.Random(seed)
     chosen = rng.sample(eligible, n)
-    starts = [
-        rng.randint(skip_first, len(encoded[i]) - seq_len) if random_start else skip_first for i in chosen
-    ]
+    starts = [rng.randint(skip_first, len(encoded[i]) - seq_len) if random_start else skip_first for i in chosen]
     tokens = torch.tensor([encoded[i][s : s + seq_len] for i, s in zip(chosen, starts)], dtype=torch.long)
     return DocumentWindows(
-        tokens=tokens, document=torch.tensor(chosen, dtype=torch.long), start=torch.tensor(starts, dtype=torch.long),
-        n_documents=len(docs), n_eligible=len(eligible), split=split, seq_len=seq_len, skip_first=skip_first,
-        seed=seed, config={"source": str(source) if isinstance(source, (str, Path)) else "<texts>",
-                           "random_start": random_start},
+        tokens=tokens,
+        document=torch.tensor(chosen, dtype=torch.long),
+        start=torch.tensor(starts, dtype=torch.long),
+        n_documents=len(docs),
+        n_eligible=len(eligible),
+        split=split,
+        seq_len=seq_len,
+        skip_first=skip_first,
+        seed=seed,
+        config={"source": str(source) if isinstance(source, (str, Path)) else "<texts>", "random_start": random_start},
     )

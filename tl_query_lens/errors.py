@@ -75,8 +75,7 @@ def check_finite(tensor: torch.Tensor, what: str, *, hint: str = "") -> torch.Te
     bad = count_non_finite(tensor)
     if bad:
         raise NonFiniteError(
-            f"The {what} has {bad} non-finite entries (NaN/inf) of {tensor.numel()}."
-            + (f" {hint}" if hint else "")
+            f"The {what} has {bad} non-finite entries (NaN/inf) of {tensor.numel()}." + (f" {hint}" if hint else "")
         )
     return tensor
 

@@ -40,17 +40,15 @@ def hook_dims(model: HookedTransformer, names: list[str]) -> dict[str, int]:
     """Width of the last axis of each hook's activation, probed with a one-token forward pass."""
     for name in names:
         check_hook(model, name)
-    layers = [hook_layer(n) for n in names]
-    stop = None if any(layer is None for layer in layers) else max(layers) + 1  # type: ignore[type-var]
-    if stop is not None and stop >= model.cfg.n_layers:
-        stop = None
+    from tl_query_lens.primitives import stop_layer
+
     dims: dict[str, int] = {}
 
     def grab(act: torch.Tensor, hook) -> None:
         dims[hook.name] = int(act.shape[-1]) if act.ndim < 4 else int(act.shape[-2] * act.shape[-1])
 
     tokens = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
-    model.run_with_hooks(tokens, fwd_hooks=[(n, grab) for n in names], stop_at_layer=stop)
+    model.run_with_hooks(tokens, fwd_hooks=[(n, grab) for n in names], stop_at_layer=stop_layer(names))
     return dims
 
 

@@ -92,8 +92,9 @@ class LocalReleases:
             try:
                 from huggingface_hub import snapshot_download
 
-                snap = Path(snapshot_download(repo_id, allow_patterns=[f"{folder_name}/*"],
-                                              force_download=force_download))
+                snap = Path(
+                    snapshot_download(repo_id, allow_patterns=[f"{folder_name}/*"], force_download=force_download)
+                )
                 cfg, state = sae_lens_disk_loader(snap / folder_name, device=device, cfg_overrides=overrides)
                 return cfg, state, None
             except (OSError, ValueError) as err:  # offline, missing repo or files

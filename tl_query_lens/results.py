@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import tempfile
+import types
+import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -16,23 +17,21 @@ from typing_extensions import Self
 
 from tl_query_lens.errors import CorruptFileError
 
-T = TypeVar("T", bound="SavableResult")
-
 
 def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf; keep them readable
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, torch.Tensor):
         return _jsonable(value.tolist())
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
         return _jsonable(value.item())
-    return value
+    return value  # floats incl. NaN/inf: written as NaN / Infinity, which json.loads reads back as floats
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -48,7 +47,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def write_json(path: str | Path, data: Any) -> Path:
-    """Atomically write JSON (NaN/inf stored as strings, tensors as lists)."""
+    """Atomically write JSON (tensors as lists; NaN/±inf as the tokens NaN/Infinity that ``json.loads`` reads back)."""
     return atomic_write_text(path, json.dumps(_jsonable(data), indent=2))
 
 
@@ -103,22 +102,71 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
+def _slug(key: Any) -> str:
+    text = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(key))
+    return text or "_"
+
+
+def _is_result_type(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, SavableResult)
+
+
+def _is_sae_type(hint: Any) -> bool:
+    from sae_lens import SAE
+
+    return isinstance(hint, type) and issubclass(hint, SAE)
+
+
+def _dict_value_type(hint: Any) -> Any:
+    return typing.get_args(hint)[1] if typing.get_origin(hint) is dict and len(typing.get_args(hint)) == 2 else None
+
+
+def _optional(hint: Any) -> Any:
+    """``X | None`` → X (other hints unchanged)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return hint
+
+
 class SavableResult:
-    """Mixin for result dataclasses: tensor fields go to ``tensors.safetensors``, the rest to ``result.json``."""
+    """Mixin for result dataclasses: one folder per result, written before anything is logged.
+
+    Tensor fields go to ``tensors.safetensors``, plain fields to ``result.json``; fields that are themselves results
+    (or dicts of results) go to sub-folders, SAELens SAEs to an SAELens folder, plain dataclasses (configs) to JSON
+    and back through their type. NaN and ±inf round-trip as floats. Loading reads the field types from the class's
+    annotations, so a subclass needs nothing but its fields (override :meth:`_subfolder` to choose folder names).
+    """
+
+    def _subfolder(self, name: str, key: Any = None) -> str:
+        """Folder (relative to the result's) of field ``name``, or of its entry ``key`` for a dict of results."""
+        return name if key is None else f"{name}/{_slug(key)}"
 
     def save(self, path: str | Path) -> Path:
         """Save into folder ``path`` (created); returns it."""
         path = Path(path)
-        tensors, plain = {}, {}
+        tensors, plain, nested = {}, {}, {}
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, field.name)
             if isinstance(value, torch.Tensor):
                 tensors[field.name] = value
+            elif isinstance(value, SavableResult) or _is_sae(value):
+                folder = self._subfolder(field.name)
+                _save_part(value, path / folder)
+                nested[field.name] = {"folder": folder}
+            elif isinstance(value, dict) and value and all(isinstance(v, SavableResult) for v in value.values()):
+                entries = []
+                for key, item in value.items():
+                    folder = self._subfolder(field.name, key)
+                    item.save(path / folder)
+                    entries.append([key, folder])
+                nested[field.name] = {"entries": entries}
             else:
                 plain[field.name] = value
+        path.mkdir(parents=True, exist_ok=True)
         if tensors:
             write_tensors(path / "tensors.safetensors", tensors)
-        write_json(path / "result.json", {"type": type(self).__name__, "fields": plain})
+        write_json(path / "result.json", {"type": type(self).__name__, "fields": plain, "nested": nested})
         return path
 
     @classmethod
@@ -126,15 +174,28 @@ class SavableResult:
         """Load a result saved with :meth:`save`."""
         path = Path(path)
         if not path.is_dir():
-            raise CorruptFileError(path, f"is not a folder holding a saved {cls.__name__}",
-                                   "Pass the folder that .save() wrote.")
+            raise CorruptFileError(
+                path, f"is not a folder holding a saved {cls.__name__}", "Pass the folder that .save() wrote."
+            )
         fix = f"Delete {path} and rerun the command that wrote it."
         record = read_json(path / "result.json", fix=fix)
         if not isinstance(record, dict) or "fields" not in record:
             raise CorruptFileError(path / "result.json", "has no 'type' and 'fields' entries", fix)
         if record.get("type") != cls.__name__:
             raise TypeError(f"{path} holds a {record.get('type')}, not a {cls.__name__}.")
-        fields = dict(record["fields"])
+        hints = typing.get_type_hints(cls)
+        fields = {}
+        for name, value in record["fields"].items():
+            hint = _optional(hints.get(name))
+            is_config = dataclasses.is_dataclass(hint) and not _is_result_type(hint)
+            fields[name] = hint(**value) if is_config and isinstance(value, dict) else value
+        for name, spec in record.get("nested", {}).items():
+            hint = _optional(hints[name])
+            if "entries" in spec:
+                item_type = _dict_value_type(hint)
+                fields[name] = {key: item_type.load(path / folder) for key, folder in spec["entries"]}
+            else:
+                fields[name] = _load_part(hint, path / spec["folder"])
         tensor_file = path / "tensors.safetensors"
         if tensor_file.exists():
             fields.update(read_tensors(tensor_file, fix=fix)[0])
@@ -142,3 +203,24 @@ class SavableResult:
             return cls(**fields)  # type: ignore[call-arg]
         except TypeError as err:  # missing or unexpected fields: a partial folder or another version
             raise CorruptFileError(path, f"does not hold the fields of a {cls.__name__} ({err})", fix) from err
+
+
+def _is_sae(value: Any) -> bool:
+    return hasattr(value, "save_model") and hasattr(value, "cfg")
+
+
+def _save_part(value: Any, folder: Path) -> None:
+    if isinstance(value, SavableResult):
+        value.save(folder)
+    else:
+        value.save_model(folder)
+
+
+def _load_part(hint: Any, folder: Path) -> Any:
+    if _is_result_type(hint):
+        return hint.load(folder)
+    if _is_sae_type(hint):
+        from sae_lens import SAE
+
+        return SAE.load_from_disk(folder)
+    raise TypeError(f"Cannot load a field of type {hint!r} from {folder}.")

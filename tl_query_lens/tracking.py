@@ -118,8 +118,15 @@ class Tracker:
         wandb_dir.mkdir(parents=True, exist_ok=True)
         timeout = os.environ.get("WANDB_INIT_TIMEOUT")  # seconds W&B retries an unreachable server (default 90)
         settings = wandb.Settings(init_timeout=float(timeout)) if timeout else None
-        run = wandb.init(project=self.project, name=self.name, config=self.config, mode=mode, dir=str(wandb_dir),
-                         reinit="finish_previous", settings=settings)
+        run = wandb.init(
+            project=self.project,
+            name=self.name,
+            config=self.config,
+            mode=mode,
+            dir=str(wandb_dir),
+            reinit="finish_previous",
+            settings=settings,
+        )
         try:
             for kind, payload in self._pending:
                 if kind == "scalars":
@@ -143,12 +150,19 @@ class Tracker:
 
     def _warn(self, reason: str, *, offline_dir: Path | None) -> None:
         self.wandb_error = reason
-        later = (f"It was logged offline to {offline_dir}: upload it with `wandb sync {offline_dir}` once W&B is "
-                 "reachable (after `wandb login`)." if offline_dir is not None else
-                 "Rerun with WANDB_MODE=offline to keep an offline run for `wandb sync`.")
-        logger.warning("W&B logging failed (%s). Every result is on disk under %s. %s To skip W&B pass --no-wandb "
-                       "(Python: use_wandb=False); to log offline from the start set WANDB_MODE=offline.",
-                       reason, self.out_dir, later)
+        later = (
+            f"It was logged offline to {offline_dir}: upload it with `wandb sync {offline_dir}` once W&B is "
+            "reachable (after `wandb login`)."
+            if offline_dir is not None
+            else "Rerun with WANDB_MODE=offline to keep an offline run for `wandb sync`."
+        )
+        logger.warning(
+            "W&B logging failed (%s). Every result is on disk under %s. %s To skip W&B pass --no-wandb "
+            "(Python: use_wandb=False); to log offline from the start set WANDB_MODE=offline.",
+            reason,
+            self.out_dir,
+            later,
+        )
 
     def __enter__(self) -> Self:
         return self
@@ -159,8 +173,9 @@ class Tracker:
         else:
             self._finished = True
             if self.use_wandb and self._pending:
-                logger.info("Nothing logged to W&B because the run stopped early; the files under %s are kept.",
-                            self.out_dir)
+                logger.info(
+                    "Nothing logged to W&B because the run stopped early; the files under %s are kept.", self.out_dir
+                )
 
 
 def _one_line(err: BaseException) -> str:

@@ -25,10 +25,12 @@ logits, cache = model.run_with_cache(tokens, names_filter=["blocks.18.mlp.hook_p
 # writes. The vanilla dictionary is exact, so splicing it in changes nothing.
 
 # %%
-ffkv = tlql.FFKV.from_model(model, 18)                       # vanilla
+ffkv = tlql.FFKV.from_model(model, 18)  # vanilla
 spliced = model.run_with_saes(tokens, saes=[ffkv], use_error_term=False)
 print("max |Δlogit| of the exact splice:", (spliced - logits).abs().max().item())
-acts = ffkv.encode(model.run_with_cache(tokens, names_filter=[ffkv.cfg.metadata.hook_name])[1][ffkv.cfg.metadata.hook_name])
+acts = ffkv.encode(
+    model.run_with_cache(tokens, names_filter=[ffkv.cfg.metadata.hook_name])[1][ffkv.cfg.metadata.hook_name]
+)
 print("FF-KV activations equal mlp.hook_post:", torch.allclose(acts, cache["blocks.18.mlp.hook_post"], atol=1e-4))
 
 # %% [markdown]
@@ -39,8 +41,10 @@ from tl_query_lens.dictionaries.splice import splice_metrics
 
 topk = tlql.FFKV.from_model(model, 18, "topk", k=64)
 m = splice_metrics(model, topk, tokens)
-print(f"TopK-64: L0 {m.mean_l0:.0f}, explained variance {m.explained_variance:.3f}, "
-      f"CE change {m.ce_delta:+.4f} nats, alive {m.alive_rate:.3f}")
+print(
+    f"TopK-64: L0 {m.mean_l0:.0f}, explained variance {m.explained_variance:.3f}, "
+    f"CE change {m.ce_delta:+.4f} nats, alive {m.alive_rate:.3f}"
+)
 
 # %% [markdown]
 # ## It is an ordinary SAELens SAE: save, load, inspect keys and values

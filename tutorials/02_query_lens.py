@@ -24,8 +24,8 @@ print("LL_VALUE:", [model.to_str_tokens((sae.W_dec[f] @ model.W_U).topk(6).indic
 
 # %%
 lens = tlql.QueryLens(model, tokens)
-values = lens.value_signatures(sae, features, k=10, method="full")     # W_U·LN_f(M_l v) + b_U
-keys = lens.key_signatures(sae, features, k=10, method="full")         # ⟨N_lᵀ k, (e_t − c)/‖e_t − c‖⟩
+values = lens.value_signatures(sae, features, k=10, method="full")  # W_U·LN_f(M_l v) + b_U
+keys = lens.key_signatures(sae, features, k=10, method="full")  # ⟨N_lᵀ k, (e_t − c)/‖e_t − c‖⟩
 for row, f in enumerate(features):
     print(f"feature {f}: promotes {values.top_strings[row][:6]} | activated by {keys.top_strings[row][:6]}")
 

@@ -27,8 +27,8 @@ print("logit lens top-5:", model.to_str_tokens((h @ model.W_U + model.b_U).topk(
 # ## Fit (or load) a readout SAE, saved in SAELens format
 
 # %%
-overrides = dict(width_mult=2, k=32, steps=40, n_seqs=4) if SMALL else {}
-fit = fit_readout(model, use_wandb=False, progress=False, **overrides)
+overrides = {"width_mult": 2, "k": 32, "steps": 40, "n_seqs": 4} if SMALL else {}
+fit = fit_readout(model, progress=False, **overrides)
 fit.sae.save_model(f"{OUT}/readout")
 sae = SAE.load_from_disk(f"{OUT}/readout")  # an ordinary SAELens call returns a ReadoutSAE
 print(type(sae).__name__, "fitted in", round(fit.seconds), "s")
@@ -38,12 +38,16 @@ print(type(sae).__name__, "fitted in", round(fit.seconds), "s")
 
 # %%
 paris, london = model.to_single_token(" Paris"), model.to_single_token(" London")
-for name, alpha in [("logit ' Paris'", token_logit(paris, model.cfg.d_vocab)),
-                    ("margin ' Paris' − ' London'", margin(paris, london, model.cfg.d_vocab))]:
+for name, alpha in [
+    ("logit ' Paris'", token_logit(paris, model.cfg.d_vocab)),
+    ("margin ' Paris' − ' London'", margin(paris, london, model.cfg.d_vocab)),
+]:
     dec = decompose(sae, h.float(), alpha, model=model)
     total = dec.bias + dec.contributions.sum(-1) + dec.residual
-    print(f"{name}: exact {dec.exact.item():.3f} = bias {dec.bias.item():.3f} + features "
-          f"{dec.contributions.sum().item():.3f} + residual {dec.residual.item():.3f}")
+    print(
+        f"{name}: exact {dec.exact.item():.3f} = bias {dec.bias.item():.3f} + features "
+        f"{dec.contributions.sum().item():.3f} + residual {dec.residual.item():.3f}"
+    )
     assert torch.allclose(total, dec.exact, rtol=1e-5, atol=1e-6)
     top = dec.top(3)
     labels = feature_labels(sae, [f for f, _ in top], tokenizer=model.tokenizer)

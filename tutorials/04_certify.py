@@ -18,9 +18,11 @@ ev = tlql.load_corpus("embedded", model, n_seqs=48 if SMALL else 1000, seq_len=3
 # %% Any SAELens SAE, transcoder or FF-KV works; here a TopK-64 FF-KV dictionary of layer 24.
 sae = tlql.FFKV.from_model(model, 24, "topk", k=64)
 cert = tlql.certify(model, sae, cal, ev, k=64, delta=0.05)
-print(f"U = {cert.bound:.2f} bits (Occam {cert.bound_occam:.2f}) vs log2|V| = {cert.baseline_bits:.2f};"
-      f" R_hat {cert.R_hat:.2f}, eps_hat {cert.eps_hat:.3f}, eta_hat {cert.eta_hat:.3f}, P {cert.P}/{cert.m},"
-      f" N* {cert.N_star:.0f} ({'observed' if cert.N_star_observed else 'extrapolated'})")
+print(
+    f"U = {cert.bound:.2f} bits (Occam {cert.bound_occam:.2f}) vs log2|V| = {cert.baseline_bits:.2f};"
+    f" R_hat {cert.R_hat:.2f}, eps_hat {cert.eps_hat:.3f}, eta_hat {cert.eta_hat:.3f}, P {cert.P}/{cert.m},"
+    f" N* {cert.N_star:.0f} ({'observed' if cert.N_star_observed else 'extrapolated'})"
+)
 print(f"KL(M‖proxy) {cert.kl_bits:.3f} bits, top-1 agreement {cert.top1_agreement:.3f}")
 
 # %% The certificate is a result object: save it, plot bound vs N.

@@ -49,10 +49,15 @@ def readout_sae(model, max_seconds: float | None = None):
         t0 = time.perf_counter()
         tokens = load_corpus("embedded", model, n_seqs=32, seq_len=32, split="train", seed=0)
         extra = {} if max_seconds is None else {"max_seconds": max_seconds}
-        fit = fit_readout(model, tokens, preset="cpu", use_wandb=False, **extra)
+        fit = fit_readout(model, tokens, **extra)  # the "cpu" preset is the default config
         fit.sae.save_model(path)
-        logger.info("readout SAE %s fitted in %.0f s (%s) and cached at %s", sae_id, time.perf_counter() - t0,
-                    json.dumps(fit.final), path)
+        logger.info(
+            "readout SAE %s fitted in %.0f s (%s) and cached at %s",
+            sae_id,
+            time.perf_counter() - t0,
+            json.dumps(fit.final),
+            path,
+        )
     return SAE.load_from_disk(str(path))
 
 
@@ -66,13 +71,17 @@ def readout_diagnostics(model, sae, out: Path) -> None:
     tokens = load_corpus("embedded", model, n_seqs=32, seq_len=17, split="evaluation", seed=0)
     t0 = time.perf_counter()
     final = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    paper = readout_diagnostics_paper(sae, model, final)
+    paper = readout_diagnostics_paper(model, sae, final)
     paper.save(out / "readout_paper")
     t1 = time.perf_counter()
-    own = evaluate_readout(sae, model, collect_states(model, tokens), baselines=[])
+    own = evaluate_readout(model, sae, collect_states(model, tokens), baselines=[])
     own.save(out / "readout_mixed_layers")
-    summary = {"paper": {k: v for k, v in vars(paper).items() if k != "config"}, "paper_s": t1 - t0,
-               "mixed_layers": {"srp": own.srp, "ablation": own.ablation}, "mixed_layers_s": time.perf_counter() - t1}
+    summary = {
+        "paper": {k: v for k, v in vars(paper).items() if k != "config"},
+        "paper_s": t1 - t0,
+        "mixed_layers": {"srp": own.srp, "ablation": own.ablation},
+        "mixed_layers_s": time.perf_counter() - t1,
+    }
     (out / "readout_summary.json").write_text(json.dumps(summary, indent=1, default=str))
     logger.info("readout diagnostics: %s", json.dumps(summary, default=str)[:2000])
 
@@ -84,11 +93,19 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=16)
     parser.add_argument("--layers", default=None, help="mid band (default: mid_band_layers)")
     parser.add_argument("--cache", default="/tmp/cl_ops")
-    parser.add_argument("--fit-max-seconds", type=float, default=None,
-                        help="cap the readout fit (cached as its own id); default: the full cpu preset")
+    parser.add_argument(
+        "--fit-max-seconds",
+        type=float,
+        default=None,
+        help="cap the readout fit (cached as its own id); default: the full cpu preset",
+    )
     parser.add_argument("--out", default="results/cross_lens_paper")
-    parser.add_argument("--no-readout-diagnostics", dest="readout_diagnostics", action="store_false",
-                        help="skip the readout diagnostics (both protocols) run first on the same dictionary")
+    parser.add_argument(
+        "--no-readout-diagnostics",
+        dest="readout_diagnostics",
+        action="store_false",
+        help="skip the readout diagnostics (both protocols) run first on the same dictionary",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     model = load_model("smollm2-135m", device="cpu")
@@ -100,34 +117,63 @@ def main() -> None:
     hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
     sizes = sorted(int(x) for x in args.sizes.split(","))
     corpora = {"docstrings": "embedded", "language_reference": language_reference()}
-    windows = {name: one_window_per_document(src, model, n_seqs=sizes[-1], seq_len=args.window, split="train",
-                                             random_start=False, seed=0)
-               for name, src in corpora.items()}
+    windows = {
+        name: one_window_per_document(
+            src, model, n_seqs=sizes[-1], seq_len=args.window, split="train", random_start=False, seed=0
+        )
+        for name, src in corpora.items()
+    }
     for name, w in windows.items():
-        logger.info("%s: %d windows of %d tokens from distinct documents (train split: %d documents, %d long enough)",
-                    name, w.tokens.shape[0], args.window, w.n_documents, w.n_eligible)
+        logger.info(
+            "%s: %d windows of %d tokens from distinct documents (train split: %d documents, %d long enough)",
+            name,
+            w.tokens.shape[0],
+            args.window,
+            w.n_documents,
+            w.n_eligible,
+        )
     sums: dict[str, object] = {}
     summary = {}
     for i in range(sizes[-1]):
         for name, w in windows.items():
             t0 = time.perf_counter()
-            ops = value_operators(model, w.tokens[i : i + 1], hooks, skip_positions=args.skip,
-                                  cache_dir=Path(args.cache) / name, progress=False)
+            ops = value_operators(
+                model,
+                w.tokens[i : i + 1],
+                hooks,
+                skip_positions=args.skip,
+                cache_dir=Path(args.cache) / name,
+                progress=False,
+            )
             sums[name] = ops if name not in sums else sums[name].merge(ops)
-            logger.info("%s window %d: %.0f s (positions so far: %d)", name, i, time.perf_counter() - t0,
-                        sums[name].count)
+            logger.info(
+                "%s window %d: %.0f s (positions so far: %d)", name, i, time.perf_counter() - t0, sums[name].count
+            )
         if i + 1 in sizes:
             positions = sums["docstrings"].count
             ops_a = {layer: sums["docstrings"][hook] for layer, hook in zip(layers, hooks)}
             ops_b = {layer: sums["language_reference"][hook] for layer, hook in zip(layers, hooks)}
             t0 = time.perf_counter()
-            res = cross_lens_prompts(sae, model, ops_a, ops_b, layers=layers)
+            res = cross_lens_prompts(model, sae, ops_a, ops_b, layers=layers)
             res.save(out / f"positions_{positions}")
-            keys = ("paper_agreement", "paper_agreement_ci", "control_agreement", "null_unrelated", "null_shuffled",
-                    "own_top1_agreement", "own_top1_tokens_differ", "model_top1_is_answer", "n_prompts",
-                    "n_controls", "layers", "per_group")
+            keys = (
+                "paper_agreement",
+                "paper_agreement_ci",
+                "control_agreement",
+                "null_unrelated",
+                "null_shuffled",
+                "own_top1_agreement",
+                "own_top1_tokens_differ",
+                "model_top1_is_answer",
+                "n_prompts",
+                "n_controls",
+                "layers",
+                "per_group",
+            )
             summary[positions] = {k: getattr(res, k) for k in keys} | {
-                "positions_b": sums["language_reference"].count, "eval_s": time.perf_counter() - t0}
+                "positions_b": sums["language_reference"].count,
+                "eval_s": time.perf_counter() - t0,
+            }
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
             logger.info("positions %d: %s", positions, json.dumps(summary[positions], default=float))
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from tl_query_lens import FFKV, load_corpus, load_model
+from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens import QueryLens
-from tl_query_lens.query_lens.evaluation import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import input_scores, max_activating_contexts
 
 
@@ -38,8 +38,10 @@ def main() -> None:
     ev_tokens = load_corpus("embedded", model, n_seqs=args.n_seqs, seq_len=32, split="evaluation", seed=0)
     saes = {layer: FFKV.from_model(model, layer) for layer in layers}
     gen = torch.Generator().manual_seed(0)  # the feature sample of `tlql ql-evaluate` (seed 0, layers in order)
-    features = {layer: torch.randperm(saes[layer].cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
-                for layer in layers}
+    features = {
+        layer: torch.randperm(saes[layer].cfg.d_sae, generator=gen)[: args.features_per_layer].sort().values
+        for layer in layers
+    }
     contexts = {layer: max_activating_contexts(model, saes[layer], ev_tokens, n_contexts=20) for layer in layers}
     results: dict = {"features": {str(k): v.tolist() for k, v in features.items()}, "runs": {}}
     per_feature = {}
@@ -47,7 +49,7 @@ def main() -> None:
         op_tokens = load_corpus("embedded", model, n_seqs=n_op, seq_len=32, split="train", seed=0)
         lens = QueryLens(model, op_tokens, cache_dir=out / "operators")
         start = time.perf_counter()
-        lens.precompute(key_hooks=[f"blocks.{layer}.ln2.hook_normalized" for layer in layers])
+        lens.precompute(list(saes.values()), value_methods=(), key_methods=("full",))  # key operators only
         seconds = time.perf_counter() - start
         for method, name in (("logit_lens", "LL_KEY"), ("full", "QL_KEY")):
             if name == "LL_KEY" and "LL_KEY" in per_feature:
@@ -61,11 +63,17 @@ def main() -> None:
             per_feature[label] = torch.cat(scores)
             ci = mean_ci("input", per_feature[label], bootstrap_indices(per_feature[label].numel()))
             mean, lo, hi = ci["input"], ci["input_lo"], ci["input_hi"]
-            results["runs"][label] = {"input_pct": mean, "ci": [lo, hi], "operator_seconds": seconds,
-                                      "per_layer_pct": {str(layer): 100 * s.mean().item()
-                                                        for layer, s in zip(layers, scores)}}
-            print(f"{label:40s} input {mean:5.2f} % [{lo:.2f}, {hi:.2f}]  per layer "
-                  + " ".join(f"{100 * s.mean().item():.1f}" for s in scores) + f"   (operators {seconds:.0f} s)")
+            results["runs"][label] = {
+                "input_pct": mean,
+                "ci": [lo, hi],
+                "operator_seconds": seconds,
+                "per_layer_pct": {str(layer): 100 * s.mean().item() for layer, s in zip(layers, scores)},
+            }
+            print(
+                f"{label:40s} input {mean:5.2f} % [{lo:.2f}, {hi:.2f}]  per layer "
+                + " ".join(f"{100 * s.mean().item():.1f}" for s in scores)
+                + f"   (operators {seconds:.0f} s)"
+            )
         (out / "key_input_scores.json").write_text(json.dumps(results, indent=1))
     torch.save(per_feature, out / "per_feature_input_scores.pt")
 

@@ -14,7 +14,6 @@ torch.set_num_threads(1)
 model = load_model("smollm2-135m", device="cpu")
 for layer in [int(x) for x in sys.argv[1].split(",")]:
     t = time.time()
-    spec = SAETrainSpec(layer=layer, d_sae=2304, k=32, training_tokens=int(sys.argv[2]), batch_size_tokens=256,
-                        lr=1e-3)
+    spec = SAETrainSpec(layer=layer, d_sae=2304, k=32, training_tokens=int(sys.argv[2]), batch_size_tokens=256, lr=1e-3)
     path = train_sae(model, spec)
     print(f"layer {layer}: {spec} -> {path} in {time.time() - t:.0f} s", flush=True)

@@ -110,8 +110,9 @@ def bound_terms(
     )
 
 
-def crossing_n(curve_n: list[int], curve_bound: list[float], *, constant: float, coefficient: float,
-               baseline_bits: float) -> tuple[float, bool]:
+def crossing_n(
+    curve_n: list[int], curve_bound: list[float], *, constant: float, coefficient: float, baseline_bits: float
+) -> tuple[float, bool]:
     """N*: the first scheduled N with U < log₂|V| (observed), else (A/(log₂|V| − C))² (extrapolated; inf if C ≥ it).
 
     Returns:

@@ -28,6 +28,7 @@ from tl_query_lens.certify.bound import (
     min_sequences,
 )
 from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
@@ -95,7 +96,7 @@ class Certificate(SavableResult):
     config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("N_star", "N_star_occam"):  # JSON stores inf as a string
+        for name in ("N_star", "N_star_occam"):  # results saved before NaN/inf round-tripped hold "inf" strings
             setattr(self, name, float(getattr(self, name)))
 
     @property
@@ -105,9 +106,28 @@ class Certificate(SavableResult):
 
     def summary(self) -> dict[str, float | int | bool]:
         """The scalar terms (what tables and W&B get)."""
-        keys = ("N", "P", "m", "R_hat", "eps_hat", "eta_hat", "Delta", "bound", "bound_occam", "baseline_bits",
-                "nontrivial", "nontrivial_occam", "N_star", "N_star_observed", "N_star_occam", "N_star_occam_observed",
-                "kl_bits", "top1_agreement", "loss_clean_mean", "loss_proxy_mean")
+        keys = (
+            "N",
+            "P",
+            "m",
+            "R_hat",
+            "eps_hat",
+            "eta_hat",
+            "Delta",
+            "bound",
+            "bound_occam",
+            "baseline_bits",
+            "nontrivial",
+            "nontrivial_occam",
+            "N_star",
+            "N_star_observed",
+            "N_star_occam",
+            "N_star_occam_observed",
+            "kl_bits",
+            "top1_agreement",
+            "loss_clean_mean",
+            "loss_proxy_mean",
+        )
         return {k: getattr(self, k) for k in keys}
 
 
@@ -140,8 +160,9 @@ class CertifyConfig:
             raise InputError("k and batch_size must be positive.")
 
 
-def check_inputs(model: HookedTransformer, saes: list[SAE], cal: torch.Tensor, ev: torch.Tensor,
-                 cfg: CertifyConfig) -> None:
+def check_inputs(
+    model: HookedTransformer, saes: list[SAE], cal: torch.Tensor, ev: torch.Tensor, cfg: CertifyConfig
+) -> None:
     """Refuse overlapping splits, hooks the model lacks, and N too small for any non-trivial bound."""
     for sae in saes:
         as_key_value(sae, model)  # errors naming the hook, width or non-finite weights
@@ -167,44 +188,80 @@ def check_inputs(model: HookedTransformer, saes: list[SAE], cal: torch.Tensor, e
         )
 
 
-def build_certificate(loss_clean: torch.Tensor, losses: ProxyLosses, pool: torch.Tensor, *, d_vocab: int,
-                      cfg: CertifyConfig, config: dict[str, Any] | None = None) -> Certificate:
+def build_certificate(
+    loss_clean: torch.Tensor,
+    losses: ProxyLosses,
+    pool: torch.Tensor,
+    *,
+    d_vocab: int,
+    cfg: CertifyConfig,
+    config: dict[str, Any] | None = None,
+) -> Certificate:
     """Assemble a certificate from per-sequence losses (no model needed; DESIGN §7)."""
     n = int(loss_clean.shape[0])
     P, m = int(pool.sum()), int(pool.numel())
     schedule = sorted({x for x in (cfg.n_schedule or default_schedule(n)) if 1 <= x <= n} | {n})
     kw = {"P": P, "m": m, "d_vocab": d_vocab, "alpha": cfg.alpha, "delta": cfg.delta}
-    curve = [bound_terms(loss_clean[:x], losses.loss_proxy[:x], losses.loss_restricted[:x],
-                         losses.leaves_pool[:x], **kw) for x in schedule]
+    curve = [
+        bound_terms(loss_clean[:x], losses.loss_proxy[:x], losses.loss_restricted[:x], losses.leaves_pool[:x], **kw)
+        for x in schedule
+    ]
     final = curve[-1]
     delta_bits = loss_range_bits(d_vocab, cfg.alpha)
     baseline = math.log2(d_vocab)
     constant = final.R_hat + final.eps_hat + delta_bits * final.eta_hat
     a = hoeffding_coefficient(delta_bits, cfg.delta)
     a_occam = hoeffding_coefficient(delta_bits, cfg.delta, log_choose=log_binomial(m, P))
-    n_star, observed = crossing_n(schedule, [t.bound for t in curve], constant=constant, coefficient=a,
-                                  baseline_bits=baseline)
-    n_star_o, observed_o = crossing_n(schedule, [t.bound_occam for t in curve], constant=constant,
-                                      coefficient=a_occam, baseline_bits=baseline)
+    n_star, observed = crossing_n(
+        schedule, [t.bound for t in curve], constant=constant, coefficient=a, baseline_bits=baseline
+    )
+    n_star_o, observed_o = crossing_n(
+        schedule, [t.bound_occam for t in curve], constant=constant, coefficient=a_occam, baseline_bits=baseline
+    )
     certificate = Certificate(
-        R_hat=final.R_hat, eps_hat=final.eps_hat, eta_hat=final.eta_hat, P=P, m=m, N=n, Delta=delta_bits,
-        bound=final.bound, bound_occam=final.bound_occam, baseline_bits=baseline,
-        nontrivial=final.bound < baseline, nontrivial_occam=final.bound_occam < baseline,
-        N_star=n_star, N_star_observed=observed, N_star_occam=n_star_o, N_star_occam_observed=observed_o,
-        kl_bits=losses.kl_bits.double().mean().item(), top1_agreement=losses.top1.double().mean().item(),
-        loss_clean_mean=loss_clean.double().mean().item(), loss_proxy_mean=losses.loss_proxy.double().mean().item(),
-        curve_N=schedule, curve_bound=[t.bound for t in curve], curve_bound_occam=[t.bound_occam for t in curve],
-        curve_R_hat=[t.R_hat for t in curve], curve_eps_hat=[t.eps_hat for t in curve],
+        R_hat=final.R_hat,
+        eps_hat=final.eps_hat,
+        eta_hat=final.eta_hat,
+        P=P,
+        m=m,
+        N=n,
+        Delta=delta_bits,
+        bound=final.bound,
+        bound_occam=final.bound_occam,
+        baseline_bits=baseline,
+        nontrivial=final.bound < baseline,
+        nontrivial_occam=final.bound_occam < baseline,
+        N_star=n_star,
+        N_star_observed=observed,
+        N_star_occam=n_star_o,
+        N_star_occam_observed=observed_o,
+        kl_bits=losses.kl_bits.double().mean().item(),
+        top1_agreement=losses.top1.double().mean().item(),
+        loss_clean_mean=loss_clean.double().mean().item(),
+        loss_proxy_mean=losses.loss_proxy.double().mean().item(),
+        curve_N=schedule,
+        curve_bound=[t.bound for t in curve],
+        curve_bound_occam=[t.bound_occam for t in curve],
+        curve_R_hat=[t.R_hat for t in curve],
+        curve_eps_hat=[t.eps_hat for t in curve],
         curve_eta_hat=[t.eta_hat for t in curve],
-        loss_clean=loss_clean.float(), loss_proxy=losses.loss_proxy.float(),
-        loss_restricted=losses.loss_restricted.float(), leaves_pool=losses.leaves_pool.bool(),
-        kl_per_seq=losses.kl_bits.float(), top1_per_seq=losses.top1.float(), pool=pool.bool(),
+        loss_clean=loss_clean.float(),
+        loss_proxy=losses.loss_proxy.float(),
+        loss_restricted=losses.loss_restricted.float(),
+        leaves_pool=losses.leaves_pool.bool(),
+        kl_per_seq=losses.kl_bits.float(),
+        top1_per_seq=losses.top1.float(),
+        pool=pool.bool(),
         config=dict(config or {}),
     )
     # N* is inf when the bound never crosses log2|V|; NaN anywhere means the losses were not finite.
-    return check_outputs(certificate, "certify", nan_only=("N_star", "N_star_occam"),
-                         hint="The clean or spliced model produced non-finite logits: check the model's weights "
-                              "and dtype (the dictionary's weights were checked on entry).")
+    return check_outputs(
+        certificate,
+        "certify",
+        nan_only=("N_star", "N_star_occam"),
+        hint="The clean or spliced model produced non-finite logits: check the model's weights "
+        "and dtype (the dictionary's weights were checked on entry).",
+    )
 
 
 def certify_many(
@@ -224,18 +281,38 @@ def certify_many(
     t0 = time.perf_counter()
     pools = feature_pool(model, splices, calibration_tokens, batch_size=cfg.batch_size)
     times.pool += time.perf_counter() - t0
-    loss_clean, losses = proxy_pass(model, splices, pools, evaluation_tokens, alpha=cfg.alpha,
-                                    batch_size=cfg.batch_size, times=times)
+    loss_clean, losses = proxy_pass(
+        model, splices, pools, evaluation_tokens, alpha=cfg.alpha, batch_size=cfg.batch_size, times=times
+    )
     out = {}
     for name, splice in splices.items():
-        config = {"k": cfg.k, "delta": cfg.delta, "alpha": cfg.alpha, "rule": splice.rule,
-                  "read_hook": splice.read_hook, "write_hook": splice.write_hook,
-                  "shuffled": splice.permutation is not None, "n_cal": int(calibration_tokens.shape[0])}
-        out[name] = build_certificate(loss_clean, losses[name], pools[name], d_vocab=model.cfg.d_vocab, cfg=cfg,
-                                      config=config)
+        config = {
+            "k": cfg.k,
+            "delta": cfg.delta,
+            "alpha": cfg.alpha,
+            "rule": splice.rule,
+            "read_hook": splice.read_hook,
+            "write_hook": splice.write_hook,
+            "shuffled": splice.permutation is not None,
+            "n_cal": int(calibration_tokens.shape[0]),
+        }
+        out[name] = build_certificate(
+            loss_clean, losses[name], pools[name], d_vocab=model.cfg.d_vocab, cfg=cfg, config=config
+        )
         c = out[name]
-        logger.info("%s: U = %.3f bits (Occam %.3f) vs log2|V| = %.3f at N = %d; R̂ %.3f ε̂ %.3f η̂ %.3f P %d/%d",
-                    name, c.bound, c.bound_occam, c.baseline_bits, c.N, c.R_hat, c.eps_hat, c.eta_hat, c.P, c.m)
+        logger.info(
+            "%s: U = %.3f bits (Occam %.3f) vs log2|V| = %.3f at N = %d; R̂ %.3f ε̂ %.3f η̂ %.3f P %d/%d",
+            name,
+            c.bound,
+            c.bound_occam,
+            c.baseline_bits,
+            c.N,
+            c.R_hat,
+            c.eps_hat,
+            c.eta_hat,
+            c.P,
+            c.m,
+        )
     return out
 
 
@@ -245,12 +322,8 @@ def certify(
     calibration_tokens: Int[torch.Tensor, "batch pos"],
     evaluation_tokens: Int[torch.Tensor, "batch pos"],
     *,
-    k: int = 64,
-    delta: float = 0.05,
-    alpha: float = 0.5,
-    rule: Rule = "topk",
-    n_schedule: list[int] | None = None,
-    batch_size: int = 16,
+    cfg: CertifyConfig | None = None,
+    **overrides: Any,
 ) -> Certificate:
     """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; DESIGN §7).
 
@@ -259,14 +332,13 @@ def certify(
         sae: the dictionary; its reconstruction replaces the activation at its write hook (no error term).
         calibration_tokens: ``[n_cal, seq_len]``, builds the pool G*.
         evaluation_tokens: ``[N, seq_len]``, disjoint from calibration; prefixes give the bound-vs-N curve.
-        k: TopK size at evaluation (``rule="topk"``). delta: failure probability. alpha: loss smoothing.
-        rule: ``"topk"`` (k largest |codes| of ``sae.encode``) or ``"native"`` (the SAE's own codes).
-        n_schedule: prefix sizes for the curve. batch_size: sequences per forward pass.
+        cfg: a :class:`CertifyConfig`; keyword ``overrides`` (``k=``, ``delta=``, ``alpha=``, ``rule=``,
+            ``n_schedule=``, ``batch_size=``) replace single fields.
 
     Raises:
         ValueError: overlapping splits, N below the minimum for a non-trivial bound, width mismatch.
         KeyError: the SAE's hook is not in the model.
     """
-    cfg = CertifyConfig(k=k, delta=delta, alpha=alpha, rule=rule, n_schedule=n_schedule, batch_size=batch_size)
-    splice = Splice(sae, rule=rule, k=k)
+    cfg = resolve_config(CertifyConfig, cfg, overrides)
+    splice = Splice(sae, rule=cfg.rule, k=cfg.k)
     return certify_many(model, {"proxy": splice}, calibration_tokens, evaluation_tokens, cfg)["proxy"]

@@ -25,6 +25,15 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.hooks import hook_layer
+from tl_query_lens.primitives import (
+    LOG2,
+    clean_run,
+    kl_divergence,
+    run_from_residual,
+    splice_hooks,
+    stop_layer,
+    topk_mask,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +84,8 @@ class Splice:
         codes = self.sae.encode(act.to(self.sae.dtype))
         if codes.ndim > 3:  # hook_z-style SAEs may keep a head axis on the way in
             codes = codes.reshape(*codes.shape[:2], -1)
-        if self.rule == "topk" and self.k < codes.shape[-1]:
-            idx = codes.abs().topk(self.k, dim=-1).indices
-            codes = torch.zeros_like(codes).scatter(-1, idx, codes.gather(-1, idx))
+        if self.rule == "topk":
+            codes = topk_mask(codes, self.k)
         if self.permutation is not None:
             codes = codes[..., self.permutation.to(codes.device)]
         self.encode_seconds += time.perf_counter() - t0
@@ -88,26 +96,16 @@ class Splice:
 
         ``record["support"]`` receives the codes' nonzero pattern ``[batch, pos, d_sae]`` of the unmasked codes.
         """
-        state: dict[str, torch.Tensor] = {}
 
-        def read(act: torch.Tensor, hook) -> torch.Tensor | None:
-            codes = self.codes(act)
+        def edit(x: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+            codes = self.codes(x)
             if record is not None:
                 record["support"] = codes != 0
             if pool is not None:
                 codes = codes * pool.to(codes.device, codes.dtype)
-            state["codes"] = codes
-            if hook.name == self.write_hook:
-                return write(act, hook)
-            return None
+            return self.sae.decode(codes).reshape(act.shape).to(act.dtype)
 
-        def write(act: torch.Tensor, hook) -> torch.Tensor:
-            recon = self.sae.decode(state.pop("codes"))
-            return recon.reshape(act.shape).to(act.dtype)
-
-        if self.read_hook == self.write_hook:
-            return [(self.read_hook, read)]
-        return [(self.read_hook, read), (self.write_hook, write)]
+        return splice_hooks(self.read_hook, self.write_hook, edit)
 
 
 def smoothed_loss_bits(
@@ -159,10 +157,7 @@ def feature_pool(
 ) -> dict[Hashable, Bool[torch.Tensor, " d_sae"]]:
     """G* per splice: the union of active features over ``tokens`` (calibration), in one truncated pass."""
     read_hooks = sorted({s.read_hook for s in splices.values()})
-    layers = [hook_layer(h) for h in read_hooks]
-    stop = None if any(x is None for x in layers) else max(layers) + 1  # type: ignore[type-var]
-    if stop is not None and stop >= model.cfg.n_layers:
-        stop = None
+    stop = stop_layer(read_hooks)
     pools = {name: torch.zeros(s.d_sae, dtype=torch.bool) for name, s in splices.items()}
     for start in tqdm(range(0, tokens.shape[0], batch_size), desc="calibration pool", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
@@ -191,8 +186,7 @@ def proxy_pass(
         ``(loss_clean, {name: ProxyLosses})``.
     """
     times = times if times is not None else PassTimes()
-    starts = sorted({s.start_layer for s in splices.values() if s.start_layer is not None})
-    resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in starts]
+    starts = {s.start_layer for s in splices.values()}
     clean_losses: list[torch.Tensor] = []
     parts: dict[str, dict[str, list[torch.Tensor]]] = {
         n: {f: [] for f in ("loss_proxy", "loss_restricted", "leaves_pool", "kl_bits", "top1")} for n in splices
@@ -200,7 +194,7 @@ def proxy_pass(
     for start in tqdm(range(0, tokens.shape[0], batch_size), desc="proxy pass", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         t0 = time.perf_counter()
-        logits, cache = model.run_with_cache(batch, names_filter=resid_names)
+        logits, resid = clean_run(model, batch, starts)
         clean_logp = logits.float().log_softmax(-1)
         clean_top1 = clean_logp.argmax(-1)
         clean_losses.append(smoothed_loss_bits(logits, batch, alpha).cpu())
@@ -210,27 +204,27 @@ def proxy_pass(
             pool = pools[name].to(model.cfg.device)
             record: dict[str, torch.Tensor] = {}
             layer = splice.start_layer
-            resid = batch if layer is None else cache[f"blocks.{layer}.hook_resid_pre"]
-            proxy_logits = model.run_with_hooks(
-                resid, start_at_layer=layer, fwd_hooks=splice.hooks(record=record)
-            )
+            proxy_logits = run_from_residual(model, batch, resid, layer, splice.hooks(record=record))
             leaves = (record["support"] & ~pool).flatten(1).any(-1)
             loss_proxy = smoothed_loss_bits(proxy_logits, batch, alpha)
             proxy_logp = proxy_logits.float().log_softmax(-1)
-            kl = (clean_logp.exp() * (clean_logp - proxy_logp)).sum(-1).mean(-1) / math.log(2)
+            kl = kl_divergence(clean_logp, proxy_logp).mean(-1) / LOG2
             top1 = (proxy_logp.argmax(-1) == clean_top1).float().mean(-1)
             times.proxy += time.perf_counter() - t0
             t0 = time.perf_counter()
             loss_restricted = loss_proxy.clone()
             if leaves.any():
                 sub = leaves.nonzero()[:, 0]
-                restricted_logits = model.run_with_hooks(
-                    resid[sub], start_at_layer=layer, fwd_hooks=splice.hooks(pool=pool)
-                )
+                restricted_logits = run_from_residual(model, batch, resid, layer, splice.hooks(pool=pool), rows=sub)
                 loss_restricted[sub] = smoothed_loss_bits(restricted_logits, batch[sub], alpha)
             times.restricted += time.perf_counter() - t0
-            for field, value in (("loss_proxy", loss_proxy), ("loss_restricted", loss_restricted),
-                                 ("leaves_pool", leaves), ("kl_bits", kl), ("top1", top1)):
+            for field, value in (
+                ("loss_proxy", loss_proxy),
+                ("loss_restricted", loss_restricted),
+                ("leaves_pool", leaves),
+                ("kl_bits", kl),
+                ("top1", top1),
+            ):
                 parts[name][field].append(value.cpu())
     out = {n: ProxyLosses(**{f: torch.cat(v) for f, v in p.items()}) for n, p in parts.items()}
     return torch.cat(clean_losses), out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -27,6 +27,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.losses import Rule
+from tl_query_lens.config import resolve_config
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -59,19 +60,29 @@ def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | 
     a_occam = hoeffding_coefficient(cert.Delta, delta, log_choose=log_choose)
     gap = cert.gap.double()
     return {
-        "N": cert.N, "P": cert.P, "m": cert.m, "log_choose": log_choose,
-        "R_hat": cert.R_hat, "eps_hat": cert.eps_hat, "eta_hat": cert.eta_hat, "Delta": cert.Delta,
-        "bound": cert.bound, "bound_occam": cert.bound_occam,
+        "N": cert.N,
+        "P": cert.P,
+        "m": cert.m,
+        "log_choose": log_choose,
+        "R_hat": cert.R_hat,
+        "eps_hat": cert.eps_hat,
+        "eta_hat": cert.eta_hat,
+        "Delta": cert.Delta,
+        "bound": cert.bound,
+        "bound_occam": cert.bound_occam,
         "R_hat_clean": cert.loss_clean.double().mean().item(),
         "bound_direct": direct_bound(cert.loss_clean, delta_bits=cert.Delta, delta=delta),
         "baseline_bits": cert.baseline_bits,
-        "nontrivial": cert.nontrivial, "nontrivial_occam": cert.nontrivial_occam,
+        "nontrivial": cert.nontrivial,
+        "nontrivial_occam": cert.nontrivial_occam,
         "N_star_closed_form": closed_form_n_star(constant, a, cert.baseline_bits),
         "N_star_closed_form_occam": closed_form_n_star(constant, a_occam, cert.baseline_bits),
         "N_star_schedule": schedule_n_star(cert.curve_N, cert.curve_bound, cert.baseline_bits),
         "N_star_schedule_occam": schedule_n_star(cert.curve_N, cert.curve_bound_occam, cert.baseline_bits),
-        "gap_mean": gap.mean().item(), "abs_gap_mean": gap.abs().mean().item(),
-        "kl_bits": cert.kl_bits, "top1_agreement": cert.top1_agreement,
+        "gap_mean": gap.mean().item(),
+        "abs_gap_mean": gap.abs().mean().item(),
+        "kl_bits": cert.kl_bits,
+        "top1_agreement": cert.top1_agreement,
     }
 
 
@@ -157,9 +168,15 @@ class ProtocolCertification(SavableResult):
         return {label: float(row[self.headline]) for label, row in zip(self.labels, self.rows)}
 
 
-def summarise(certificates: Mapping[str, Certificate], shuffled: Mapping[str, Certificate], *,
-              cfg: ProtocolCertifyConfig, n_documents: int | None = None, n_eligible: int | None = None,
-              one_window_per_document: bool = False) -> ProtocolCertification:
+def summarise(
+    certificates: Mapping[str, Certificate],
+    shuffled: Mapping[str, Certificate],
+    *,
+    cfg: ProtocolCertifyConfig,
+    n_documents: int | None = None,
+    n_eligible: int | None = None,
+    one_window_per_document: bool = False,
+) -> ProtocolCertification:
     """Build the protocol's result from finished certificates (no model needed)."""
     labels = [str(label) for label in certificates]
     rows = []
@@ -176,9 +193,17 @@ def summarise(certificates: Mapping[str, Certificate], shuffled: Mapping[str, Ce
     else:
         density_shuffled = torch.zeros(0, cfg.bins, dtype=torch.float64)
     return ProtocolCertification(
-        protocol=cfg.protocol, headline=HEADLINE[cfg.protocol], labels=labels, rows=rows, n_documents=n_documents,
-        n_eligible=n_eligible, one_window_per_document=one_window_per_document, abs_gap_edges=edges,
-        abs_gap_density=density, abs_gap_density_shuffled=density_shuffled, config=dict(vars(cfg)),
+        protocol=cfg.protocol,
+        headline=HEADLINE[cfg.protocol],
+        labels=labels,
+        rows=rows,
+        n_documents=n_documents,
+        n_eligible=n_eligible,
+        one_window_per_document=one_window_per_document,
+        abs_gap_edges=edges,
+        abs_gap_density=density,
+        abs_gap_density_shuffled=density_shuffled,
+        config=dict(vars(cfg)),
     )
 
 
@@ -206,19 +231,44 @@ def certify_protocol(
     from tl_query_lens.corpus import load_corpus
     from tl_query_lens.documents import one_window_per_document
 
-    cfg = replace(cfg or ProtocolCertifyConfig(), **overrides)
+    cfg = resolve_config(ProtocolCertifyConfig, cfg, overrides)
     cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
     n_documents = n_eligible = None
     if cfg.protocol == "paper":
-        windows = one_window_per_document(corpus, model, n_seqs=cfg.n_eval, seq_len=cfg.seq_len,
-                                          split="evaluation", seed=cfg.seed)
+        windows = one_window_per_document(
+            corpus, model, n_seqs=cfg.n_eval, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
+        )
         ev, n_documents, n_eligible = windows.tokens, windows.n_documents, windows.n_eligible
-        logger.info("paper protocol: %d evaluation windows, one from each of %d distinct documents (the split holds "
-                    "%d documents, %d long enough)", ev.shape[0], ev.shape[0], n_documents, n_eligible)
+        logger.info(
+            "paper protocol: %d evaluation windows, one from each of %d distinct documents (the split holds "
+            "%d documents, %d long enough)",
+            ev.shape[0],
+            ev.shape[0],
+            n_documents,
+            n_eligible,
+        )
     else:
-        ev = load_corpus(corpus, model, n_seqs=cfg.n_eval or 1000, seq_len=cfg.seq_len, split="evaluation",
-                         seed=cfg.seed)
-    sweep = certify_layers(model, dict(saes_by_label), cal, ev, k=cfg.k, delta=cfg.delta, alpha=cfg.alpha,
-                           rule=cfg.rule, batch_size=cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed)
-    return summarise(sweep.certificates, sweep.shuffled, cfg=cfg, n_documents=n_documents, n_eligible=n_eligible,
-                     one_window_per_document=cfg.protocol == "paper")
+        ev = load_corpus(
+            corpus, model, n_seqs=cfg.n_eval or 1000, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
+        )
+    sweep = certify_layers(
+        model,
+        dict(saes_by_label),
+        cal,
+        ev,
+        k=cfg.k,
+        delta=cfg.delta,
+        alpha=cfg.alpha,
+        rule=cfg.rule,
+        batch_size=cfg.batch_size,
+        shuffle=cfg.shuffle,
+        seed=cfg.seed,
+    )
+    return summarise(
+        sweep.certificates,
+        sweep.shuffled,
+        cfg=cfg,
+        n_documents=n_documents,
+        n_eligible=n_eligible,
+        one_window_per_document=cfg.protocol == "paper",
+    )

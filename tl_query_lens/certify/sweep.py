@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -12,8 +13,10 @@ from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.certify.certify import Certificate, CertifyConfig, certify_many
-from tl_query_lens.certify.losses import PassTimes, Rule, Splice
+from tl_query_lens.certify.losses import PassTimes, Splice
+from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +27,7 @@ def shuffle_permutation(d_sae: int, seed: int) -> Int[torch.Tensor, " d_sae"]:
 
 
 @dataclass
-class LayerSweep:
+class LayerSweep(SavableResult):
     """Certificates per layer, and per layer for the shuffled proxy when the ablation was asked for.
 
     Attributes:
@@ -39,32 +42,62 @@ class LayerSweep:
     seed: int | None = None
     times: PassTimes = field(default_factory=PassTimes)
 
-    COLUMNS = ("label", "hook", "proxy", "N", "P", "m", "R_hat", "eps_hat", "eta_hat", "bound", "bound_occam",
-               "baseline_bits", "nontrivial", "N_star", "N_star_observed", "kl_bits", "top1_agreement",
-               "mean_gap_bits")
+    COLUMNS = (
+        "label",
+        "hook",
+        "proxy",
+        "N",
+        "P",
+        "m",
+        "R_hat",
+        "eps_hat",
+        "eta_hat",
+        "bound",
+        "bound_occam",
+        "baseline_bits",
+        "nontrivial",
+        "N_star",
+        "N_star_observed",
+        "kl_bits",
+        "top1_agreement",
+        "mean_gap_bits",
+    )
 
     def rows(self) -> list[list]:
         """One row per (layer, real|shuffled) proxy, columns :attr:`COLUMNS`."""
         rows = []
         for kind, certs in (("real", self.certificates), ("shuffled", self.shuffled)):
             for label, c in certs.items():
-                rows.append([label, c.config.get("write_hook", ""), kind, c.N, c.P, c.m, c.R_hat, c.eps_hat, c.eta_hat, c.bound, c.bound_occam,
-                             c.baseline_bits, c.nontrivial, c.N_star, c.N_star_observed, c.kl_bits,
-                             c.top1_agreement, c.gap.double().mean().item()])
+                rows.append(
+                    [
+                        label,
+                        c.config.get("write_hook", ""),
+                        kind,
+                        c.N,
+                        c.P,
+                        c.m,
+                        c.R_hat,
+                        c.eps_hat,
+                        c.eta_hat,
+                        c.bound,
+                        c.bound_occam,
+                        c.baseline_bits,
+                        c.nontrivial,
+                        c.N_star,
+                        c.N_star_observed,
+                        c.kl_bits,
+                        c.top1_agreement,
+                        c.gap.double().mean().item(),
+                    ]
+                )
         return rows
 
-    def save(self, path) -> None:
-        """One folder per certificate under ``path`` (``layer{L}`` / ``{label}`` and ``…_shuffled``)."""
-        from pathlib import Path
-
-        for label, c in self.certificates.items():
-            c.save(Path(path) / _folder(label))
-        for label, c in self.shuffled.items():
-            c.save(Path(path) / f"{_folder(label)}_shuffled")
-
-
-def _folder(label: int | str) -> str:
-    return f"layer{label}" if isinstance(label, int) else "".join(ch if ch.isalnum() else "_" for ch in str(label))
+    def _subfolder(self, name: str, key=None) -> str:
+        """One folder per certificate: ``layer{L}`` / ``{label}``, and ``…_shuffled`` for the shuffled proxies."""
+        if key is None:
+            return name
+        folder = f"layer{key}" if isinstance(key, int) else "".join(ch if ch.isalnum() else "_" for ch in str(key))
+        return f"{folder}_shuffled" if name == "shuffled" else folder
 
 
 def certify_layers(
@@ -73,14 +106,10 @@ def certify_layers(
     calibration_tokens: Int[torch.Tensor, "batch pos"],
     evaluation_tokens: Int[torch.Tensor, "batch pos"],
     *,
-    k: int = 64,
-    delta: float = 0.05,
-    alpha: float = 0.5,
-    rule: Rule = "topk",
-    n_schedule: list[int] | None = None,
-    batch_size: int = 16,
     shuffle: bool | Collection[int | str] = False,
     seed: int = 0,
+    cfg: CertifyConfig | None = None,
+    **overrides: Any,
 ) -> LayerSweep:
     """Certify one dictionary per layer; all proxies (and shuffled twins) share one clean evaluation pass.
 
@@ -89,20 +118,24 @@ def certify_layers(
             splices; the key only labels the row).
         shuffle: also certify each proxy (True) or the proxies with these labels under one seeded permutation of
             feature ids (:func:`shuffle_ablation`).
-        Other arguments as in :func:`~tl_query_lens.certify.certify.certify`.
+        seed: the permutation seed.
+        cfg / overrides: the :class:`~tl_query_lens.certify.certify.CertifyConfig` of every certificate, as in
+            :func:`~tl_query_lens.certify.certify.certify`.
     """
-    cfg = CertifyConfig(k=k, delta=delta, alpha=alpha, rule=rule, n_schedule=n_schedule, batch_size=batch_size)
-    splices = {(label, False): Splice(sae, rule=rule, k=k) for label, sae in saes_by_layer.items()}
+    cfg = resolve_config(CertifyConfig, cfg, overrides)
+    splices = {(label, False): Splice(sae, rule=cfg.rule, k=cfg.k) for label, sae in saes_by_layer.items()}
     if shuffle is not False:
         unknown = set() if shuffle is True else set(shuffle) - set(saes_by_layer)
         if unknown:
-            raise UnknownNameError(f"shuffle names labels {sorted(map(str, unknown))} that are not among the proxies "
-                                   f"{sorted(map(str, saes_by_layer))} (CLI: --shuffle 'ffkv L24,sae L24 <folder>').")
+            raise UnknownNameError(
+                f"shuffle names labels {sorted(map(str, unknown))} that are not among the proxies "
+                f"{sorted(map(str, saes_by_layer))} (CLI: --shuffle 'ffkv L24,sae L24 <folder>')."
+            )
         for label, sae in saes_by_layer.items():
             if shuffle is not True and label not in shuffle:
                 continue
             perm = shuffle_permutation(splices[(label, False)].d_sae, seed)
-            splices[(label, True)] = Splice(sae, rule=rule, k=k, permutation=perm)
+            splices[(label, True)] = Splice(sae, rule=cfg.rule, k=cfg.k, permutation=perm)
     times = PassTimes()
     certs = certify_many(model, splices, calibration_tokens, evaluation_tokens, cfg, times=times)
     return LayerSweep(
@@ -114,7 +147,7 @@ def certify_layers(
 
 
 @dataclass
-class ShuffleAblation:
+class ShuffleAblation(SavableResult):
     """Real vs feature-shuffled proxy of one dictionary.
 
     Attributes:
@@ -139,15 +172,13 @@ def shuffle_ablation(
     evaluation_tokens: Int[torch.Tensor, "batch pos"],
     *,
     seed: int = 0,
-    k: int = 64,
-    delta: float = 0.05,
-    alpha: float = 0.5,
-    rule: Rule = "topk",
-    batch_size: int = 16,
+    cfg: CertifyConfig | None = None,
+    **overrides: Any,
 ) -> ShuffleAblation:
     """Certify ``sae`` and its feature-shuffled twin: one global seeded bijection π of feature ids applied to the
     codes (the proxy decodes code π(i) with value i; code values and decoder rows kept, so P and the per-token
-    sparsity are kept)."""
-    sweep = certify_layers(model, {0: sae}, calibration_tokens, evaluation_tokens, k=k, delta=delta, alpha=alpha,
-                           rule=rule, batch_size=batch_size, shuffle=True, seed=seed)
+    sparsity are kept). ``cfg`` / ``overrides`` as in :func:`~tl_query_lens.certify.certify.certify`."""
+    sweep = certify_layers(
+        model, {0: sae}, calibration_tokens, evaluation_tokens, shuffle=True, seed=seed, cfg=cfg, **overrides
+    )
     return ShuffleAblation(real=sweep.certificates[0], shuffled=sweep.shuffled[0], seed=seed)

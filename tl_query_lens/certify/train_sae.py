@@ -139,8 +139,13 @@ def train_sae(
         verbose=False,
     )
     runner = LanguageModelSAETrainingRunner(cfg, override_dataset=corpus_dataset(tokens), override_model=model)
-    logger.info("training a TopK SAE (d_sae=%d, k=%d) at %s on %d tokens", spec.d_sae, spec.k, spec.hook_name,
-                spec.training_tokens)
+    logger.info(
+        "training a TopK SAE (d_sae=%d, k=%d) at %s on %d tokens",
+        spec.d_sae,
+        spec.k,
+        spec.hook_name,
+        spec.training_tokens,
+    )
     runner.run()
     logger.info("saved the SAE to %s", out)
     return out

@@ -21,7 +21,13 @@ def run(args: argparse.Namespace) -> int:
 
     from tl_query_lens.demo import DemoConfig, run_demo
 
-    common = dict(out=Path(args.out), model=args.model, corpus=args.corpus, seed=args.seed, use_wandb=args.wandb)
+    common = {
+        "out": Path(args.out),
+        "model": args.model,
+        "corpus": args.corpus,
+        "seed": args.seed,
+        "use_wandb": args.wandb,
+    }
     cfg = DemoConfig.quick(**common) if args.quick else DemoConfig(**common)
     outputs = run_demo(cfg)
     print(f"results folder : {outputs.out}")

@@ -17,15 +17,24 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("saes", help="trained SAEs / transcoders of the model and their comparison")
     commands = parser.add_subparsers(dest="saes_command", metavar="SAES_COMMAND")
     compare = commands.add_parser(
-        "compare", help="FF-KV (vanilla / TopK / normalized) vs SAE vs transcoder vs a random model, one table")
+        "compare", help="FF-KV (vanilla / TopK / normalized) vs SAE vs transcoder vs a random model, one table"
+    )
     add_common_args(compare, out="results/saes_compare")
     compare.add_argument("--layers", default="6,12,18,24", help="e.g. '6,12' or '0-29' or 'all'")
-    compare.add_argument("--release", default=RELEASE,
-                         help="SAELens release whose SAEs / transcoders at --layers join the table ('' for none)")
-    compare.add_argument("--dictionaries", default="",
-                         help="extra comma-separated 'release:sae_id' or folders saved with save_model")
-    compare.add_argument("--k", type=int, default=None,
-                         help="TopK FF-KV size (default: the k of the layer's TopK SAE when loaded, else 32)")
+    compare.add_argument(
+        "--release",
+        default=RELEASE,
+        help="SAELens release whose SAEs / transcoders at --layers join the table ('' for none)",
+    )
+    compare.add_argument(
+        "--dictionaries", default="", help="extra comma-separated 'release:sae_id' or folders saved with save_model"
+    )
+    compare.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="TopK FF-KV size (default: the k of the layer's TopK SAE when loaded, else 32)",
+    )
     compare.add_argument("--n-seqs", type=int, default=32)
     compare.add_argument("--seq-len", type=int, default=64)
     compare.add_argument("--n-words", type=int, default=2000, help="first-letter words (absorption)")
@@ -96,8 +105,11 @@ def load_trained(spec: str, release: str, layers: list[int], device: str) -> tup
     saes = {}
     for source, sae_id in items:
         try:
-            sae = (SAE.load_from_disk(source, device=device) if sae_id is None
-                   else SAE.from_pretrained(source, sae_id, device=device))
+            sae = (
+                SAE.load_from_disk(source, device=device)
+                if sae_id is None
+                else SAE.from_pretrained(source, sae_id, device=device)
+            )
         except (FileNotFoundError, OSError, ValueError, KeyError) as err:
             missing.append(f"{source}:{sae_id}: {err}")
             continue
@@ -118,22 +130,30 @@ def run_compare(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
-    tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation",
-                         seed=args.seed)
+    tokens = load_corpus(
+        args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=args.seed
+    )
     trained, missing = load_trained(args.dictionaries, args.release, layers, str(model.cfg.device))
     for line in missing:
         logger.warning("Not in the table: %s", line)
     dictionaries = {}
     for layer in layers:
-        k = args.k or next((int(s.cfg.k) for label, s in trained.items()
-                            if label.startswith(f"SAE L{layer} ") and getattr(s.cfg, "k", None)), 32)
+        k = args.k or next(
+            (
+                int(s.cfg.k)
+                for label, s in trained.items()
+                if label.startswith(f"SAE L{layer} ") and getattr(s.cfg, "k", None)
+            ),
+            32,
+        )
         dictionaries[f"FF-KV vanilla L{layer}"] = FFKV.from_model(model, layer, "vanilla")
         dictionaries[f"FF-KV TopK-{k} L{layer}"] = FFKV.from_model(model, layer, "topk", k)
         dictionaries[f"FF-KV normalized L{layer}"] = FFKV.from_model(model, layer, "normalized")
         dictionaries.update({label: s for label, s in trained.items() if f" L{layer} " in label + " "})
     cfg = CompareConfig(
         absorption=AbsorptionConfig(n_words=args.n_words, n_icl_examples=args.icl, seed=args.seed)
-        if args.absorption else None,
+        if args.absorption
+        else None,
         random_control=args.random_control,
         seed=args.seed,
     )
@@ -141,16 +161,21 @@ def run_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     result.save(out)
     config = {k: v for k, v in vars(args).items() if k != "func"} | {"not_loaded": missing}
-    with Tracker(out, project=args.wandb_project, name="saes-compare", config=config,
-                 use_wandb=args.wandb) as tracker:
+    with Tracker(out, project=args.wandb_project, name="saes-compare", config=config, use_wandb=args.wandb) as tracker:
         table = tracker.log_table("comparison", list(DictionaryComparison.COLUMNS), result.table())
-        faith = tracker.log_table("faithfulness", list(DictionaryComparison.FAITHFULNESS_COLUMNS),
-                                  result.faithfulness_table())
+        faith = tracker.log_table(
+            "faithfulness", list(DictionaryComparison.FAITHFULNESS_COLUMNS), result.faithfulness_table()
+        )
         tracker.log_scalars("times", result.times)
     print(f"comparison: {table}\nfaithfulness: {faith}")
     for row in result.table():
-        print("  " + ", ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}"
-                               for c, v in zip(DictionaryComparison.COLUMNS, row)))
+        print(
+            "  "
+            + ", ".join(
+                f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}"
+                for c, v in zip(DictionaryComparison.COLUMNS, row)
+            )
+        )
     return 0
 
 
@@ -162,14 +187,27 @@ def run_train(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device)
     layers = parse_layers(args.layers, model.cfg.n_layers)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    cfg = SAESuiteConfig(model=args.model, layers=tuple(layers), kinds=kinds, d_sae=args.d_sae, k=args.k,
-                         corpus=args.corpus, n_seqs=args.n_seqs or None, seq_len=args.seq_len,
-                         training_tokens=args.training_tokens, batch_size_tokens=args.batch_size, lr=args.lr,
-                         n_checkpoints=args.n_checkpoints, seed=args.seed)
+    cfg = SAESuiteConfig(
+        model=args.model,
+        layers=tuple(layers),
+        kinds=kinds,
+        d_sae=args.d_sae,
+        k=args.k,
+        corpus=args.corpus,
+        n_seqs=args.n_seqs or None,
+        seq_len=args.seq_len,
+        training_tokens=args.training_tokens,
+        batch_size_tokens=args.batch_size,
+        lr=args.lr,
+        n_checkpoints=args.n_checkpoints,
+        seed=args.seed,
+    )
     result = train_saes(model, cfg, resume=not args.restart)
-    print(f"{result.release}: {len(result.sae_ids)} dictionaries, {result.training_tokens_seen} tokens each "
-          f"({result.epochs:.1f} epochs over {result.n_cached_tokens} cached tokens) in {result.folder}; "
-          f"activation pass {result.seconds_activations:.0f} s, training {result.seconds_training:.0f} s")
+    print(
+        f"{result.release}: {len(result.sae_ids)} dictionaries, {result.training_tokens_seen} tokens each "
+        f"({result.epochs:.1f} epochs over {result.n_cached_tokens} cached tokens) in {result.folder}; "
+        f"activation pass {result.seconds_activations:.0f} s, training {result.seconds_training:.0f} s"
+    )
     return 0
 
 

@@ -44,7 +44,7 @@ POSITIVE_INTS = (
     "batch_size",
     "top",
 )
-NON_NEGATIVE_INTS = ("seed", "skip_positions")
+NON_NEGATIVE_INTS = ("seed", "skip_positions", "exclude_first_positions")
 OPEN_UNIT = ("delta", "alpha")
 POSITIVE_FLOATS = ("temperature", "max_seconds")
 # Range options and what they index: "layers" = the model's blocks, "features" = an FF-KV dictionary's neurons.
@@ -76,15 +76,13 @@ def parse_ranges(text: str, upper: int | None, what: str) -> list[int]:
         match = _ITEM.match(item)
         if not match:
             raise InputError(
-                f"{what} {text!r}: {item.strip()!r} is not an id or a range lo-hi; "
-                "write e.g. '3', '0-9' or '0-9,15'."
+                f"{what} {text!r}: {item.strip()!r} is not an id or a range lo-hi; write e.g. '3', '0-9' or '0-9,15'."
             )
         lo = int(match[1])
         hi = int(match[2]) if match[2] is not None else lo
         if hi < lo:
             raise InputError(
-                f"{what} {text!r}: the range {item.strip()!r} is empty (start after end); "
-                f"did you mean '{hi}-{lo}'?"
+                f"{what} {text!r}: the range {item.strip()!r} is empty (start after end); did you mean '{hi}-{lo}'?"
             )
         spans.append((lo, hi))
     if upper is not None:
@@ -114,9 +112,7 @@ def parse_floats(text: str, what: str, *, positive: bool = True) -> list[float]:
         try:
             value = float(item)
         except ValueError:
-            raise InputError(
-                f"{what} {text!r}: {item.strip()!r} is not a number; write e.g. '0.25,0.5'."
-            ) from None
+            raise InputError(f"{what} {text!r}: {item.strip()!r} is not a number; write e.g. '0.25,0.5'.") from None
         if not math.isfinite(value) or (positive and value <= 0):
             raise InputError(f"{what} {text!r}: {item.strip()!r} must be a finite number > 0.")
         values.append(value)
@@ -127,9 +123,7 @@ def check_folder(path: str | Path, what: str = "--out") -> Path:
     """A folder that can be created and written: not a file, under a writable existing ancestor."""
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise InputError(
-            f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing)."
-        )
+        raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
     ancestor = folder
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -137,8 +131,7 @@ def check_folder(path: str | Path, what: str = "--out") -> Path:
         raise InputError(f"{what} {folder} cannot be created: {ancestor} is a file. Choose another path.")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise InputError(
-            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. "
-            "Choose a writable folder."
+            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. Choose a writable folder."
         )
     return folder
 
@@ -174,8 +167,7 @@ def check_corpus(source: str, what: str = "--corpus") -> None:
         return
     if looks_like_path(source):
         raise MissingFileError(
-            f"{what} {source}: no such file or folder. Give an existing .txt/.jsonl file or "
-            "folder, or 'embedded'."
+            f"{what} {source}: no such file or folder. Give an existing .txt/.jsonl file or folder, or 'embedded'."
         )
 
 
@@ -207,9 +199,7 @@ def check_device(device: str | None) -> None:
     try:
         parsed = torch.device(device)
     except RuntimeError:
-        raise InputError(
-            f"--device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'."
-        ) from None
+        raise InputError(f"--device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'.") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available here; use --device cpu.")
 
@@ -254,6 +244,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
     seq_len, skip = getattr(args, "seq_len", None), getattr(args, "skip_positions", None)
     if seq_len is not None and skip is not None and skip >= seq_len:
         raise InputError(f"--skip-positions {skip} leaves no position of --seq-len {seq_len}; lower it.")
+    exclude = getattr(args, "exclude_first_positions", None)
+    if seq_len is not None and exclude is not None and exclude >= seq_len:
+        raise InputError(f"--exclude-first-positions {exclude} leaves no position of --seq-len {seq_len}; lower it.")
     if args.command == "certify" and seq_len is not None and seq_len < 2:
         raise InputError("--seq-len must be ≥ 2 for certify (the loss scores next-token predictions).")
 
@@ -267,19 +260,20 @@ def _check_lists(args: argparse.Namespace) -> None:
             raise InputError(f"--fits {args.fits!r}: use 'closed_form', 'adam' or 'closed_form,adam'.")
     if getattr(args, "baselines", None):
         from tl_query_lens.readout.baselines import BASELINE_ORDER
+        from tl_query_lens.readout.diagnostics_paper import OWN_VARIANTS, PAPER_BASELINES
 
-        unknown = [b for b in args.baselines.split(",") if b and b not in BASELINE_ORDER]
+        paper = getattr(args, "protocol", None) == "paper"
+        known = PAPER_BASELINES + OWN_VARIANTS if paper else BASELINE_ORDER
+        unknown = [b for b in args.baselines.split(",") if b and b not in known]
         if unknown:
             raise InputError(
-                f"--baselines {unknown} unknown; choose from {list(BASELINE_ORDER)} ('' for none)."
+                f"--baselines {unknown} unknown for --protocol {args.protocol}; choose from {list(known)} ('' for none)."
             )
     if getattr(args, "n_prompts", None) is not None:
         from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
 
         if args.n_prompts > len(NEUTRAL_PROMPTS):
-            raise InputError(
-                f"--n-prompts {args.n_prompts}: only {len(NEUTRAL_PROMPTS)} neutral prompts exist."
-            )
+            raise InputError(f"--n-prompts {args.n_prompts}: only {len(NEUTRAL_PROMPTS)} neutral prompts exist.")
 
 
 def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
@@ -289,6 +283,8 @@ def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
             continue
         what = "--" + name.replace("_", "-")
         upper = None if dims is None else (dims.n_layers if kind == "layers" else dims.d_mlp)
+        if kind == "features" and _names_saes(args):
+            upper = None  # checked against every dictionary's width once they are loaded
         if kind == "features" and text.strip() == "all":
             continue
         if kind == "layers" and text.strip() == "all":
@@ -298,28 +294,22 @@ def _check_ranges(args: argparse.Namespace, dims: ModelDims | None) -> None:
         for name in ("seq_len", "op_seq_len"):
             value = getattr(args, name, None)
             if value is not None and value > dims.n_ctx:
-                raise InputError(
-                    f"--{name.replace('_', '-')} {value} exceeds the model context {dims.n_ctx}."
-                )
+                raise InputError(f"--{name.replace('_', '-')} {value} exceeds the model context {dims.n_ctx}.")
+
+
+def _names_saes(args: argparse.Namespace) -> bool:
+    """True when ``--dictionary`` names anything besides FF-KV (whose width the embedded model's d_mlp gives)."""
+    from tl_query_lens.cli.dictionaries import dictionary_text
+
+    if not hasattr(args, "dictionary"):
+        return False
+    return any(item.strip() != "ffkv" for item in dictionary_text(args.dictionary).split(","))
 
 
 def _check_dictionaries(args: argparse.Namespace, dims: ModelDims | None) -> None:
-    from tl_query_lens.dictionaries.saved import check_sae_folder
+    from tl_query_lens.cli.dictionaries import parse_dictionaries
 
-    items = [item.strip() for item in args.dictionary.split(",")]
-    if not all(items):
-        raise InputError(
-            f"--dictionary {args.dictionary!r} has an empty item; give 'ffkv' and/or SAE folders."
-        )
-    for item in items:
-        if item == "ffkv":
-            continue
-        if not Path(item).exists():
-            raise MissingFileError(
-                f"--dictionary {item!r} is neither 'ffkv' nor an existing folder holding a saved "
-                "SAE (sae.save_model(folder) / the SAELens runner)."
-            )
-        check_sae_folder(item)
+    parse_dictionaries(args.dictionary)
     if dims is not None and getattr(args, "n_eval", None) is not None:
         from tl_query_lens.certify.bound import hoeffding_coefficient, loss_range_bits, min_sequences
 
@@ -345,7 +335,7 @@ def validate_args(args: argparse.Namespace) -> None:
             check_folder(args.__dict__[name], "--" + name.replace("_", "-"))
     if getattr(args, "corpus", None):
         check_corpus(args.corpus)
-    if getattr(args, "dictionary", None) is not None:
+    if hasattr(args, "dictionary"):
         _check_dictionaries(args, dims)
     if getattr(args, "sae_path", None):
         from tl_query_lens.dictionaries.saved import check_sae_folder

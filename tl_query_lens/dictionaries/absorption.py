@@ -40,8 +40,9 @@ from sae_lens import SAE
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.hooks import hook_layer
+from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -197,14 +198,13 @@ def first_letter_activations(
     model: HookedTransformer, hooks: list[str], *, cfg: AbsorptionConfig | None = None
 ) -> FirstLetterActivations:
     """Run the first-letter prompts once and keep every hook's activation at the word position."""
-    cfg = cfg or AbsorptionConfig()
+    cfg = resolve_config(AbsorptionConfig, cfg)
     words = first_letter_words(model.tokenizer, cfg.n_words, cfg.seed)
     n_train = round(len(words) * cfg.train_fraction)
     is_train = [i < n_train for i in range(len(words))]
     prompts, pos = build_first_letter_prompts(model, words, is_train, cfg)
     hooks = list(dict.fromkeys(hooks))
-    layers = [hook_layer(h) for h in hooks]
-    stop = None if None in layers or max(layers) + 1 >= model.cfg.n_layers else max(layers) + 1  # type: ignore
+    stop = stop_layer(hooks)
     acts: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     for start in tqdm(range(0, len(prompts), cfg.batch_size), desc="first-letter prompts", leave=False):
         batch = prompts[start : start + cfg.batch_size].to(model.cfg.device)
@@ -220,8 +220,16 @@ def first_letter_activations(
 
 
 def train_letter_probe(
-    x: Float[torch.Tensor, "n d"], letters: Int[torch.Tensor, " n"], *, epochs: int, batch: int, lr: float,
-    wd: float, seed: int, l1: float = 0.0, zero_init: bool = False,
+    x: Float[torch.Tensor, "n d"],
+    letters: Int[torch.Tensor, " n"],
+    *,
+    epochs: int,
+    batch: int,
+    lr: float,
+    wd: float,
+    seed: int,
+    l1: float = 0.0,
+    zero_init: bool = False,
 ) -> tuple[Float[torch.Tensor, "26 d"], Float[torch.Tensor, " 26"]]:
     """One-vs-rest logistic probes (BCE, pos_weight = negatives/positives, Adam, lr decayed 1000× over training).
 
@@ -282,13 +290,24 @@ def _f1(pred: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 def main_latents(
-    codes_train: torch.Tensor, codes_test: torch.Tensor, y_train: torch.Tensor, y_test: torch.Tensor,
+    codes_train: torch.Tensor,
+    codes_test: torch.Tensor,
+    y_train: torch.Tensor,
+    y_test: torch.Tensor,
     cfg: AbsorptionConfig,
 ) -> dict[int, list[int]]:
     """Each letter's main latents: the k-sparse probe's latents at the last k whose test F1 rose by ≥ ``f1_jump``."""
-    l1_weights, _ = train_letter_probe(codes_train, y_train, epochs=cfg.sparse_epochs, batch=cfg.sparse_batch,
-                                       lr=1e-2, wd=1e-6, seed=cfg.seed, l1=cfg.sparse_l1,
-                                       zero_init=True)
+    l1_weights, _ = train_letter_probe(
+        codes_train,
+        y_train,
+        epochs=cfg.sparse_epochs,
+        batch=cfg.sparse_batch,
+        lr=1e-2,
+        wd=1e-6,
+        seed=cfg.seed,
+        l1=cfg.sparse_l1,
+        zero_init=True,
+    )
     result: dict[int, list[int]] = {}
     for letter in range(len(LETTERS)):
         best, chosen = -100.0, []
@@ -304,7 +323,11 @@ def main_latents(
 
 
 def _word_absorption(
-    probe_proj: float, latent_proj: torch.Tensor, cos: torch.Tensor, acts: torch.Tensor, main: list[int],
+    probe_proj: float,
+    latent_proj: torch.Tensor,
+    cos: torch.Tensor,
+    acts: torch.Tensor,
+    main: list[int],
     cfg: AbsorptionConfig,
 ) -> tuple[float, bool]:
     """SAEBench's per-word rules: (absorption fraction, full absorption)."""
@@ -352,19 +375,32 @@ def first_letter_absorption(
 
     The probe reads the dictionary's write hook, the codes come from its read hook (module docstring).
     """
-    cfg = AbsorptionConfig(**{**(cfg.__dict__ if cfg else {}), **overrides})
+    cfg = resolve_config(AbsorptionConfig, cfg, overrides)
     view = as_key_value(dictionary)
     for hook in (view.read_hook, view.write_hook):
         if hook not in data.acts:
-            raise KeyError(f"No first-letter activations at {hook}; collect them with "
-                           f"first_letter_activations(model, hooks=[..., {hook!r}]).")
+            raise KeyError(
+                f"No first-letter activations at {hook}; collect them with "
+                f"first_letter_activations(model, hooks=[..., {hook!r}])."
+            )
     x_probe = data.acts[view.write_hook]
-    codes = torch.cat([dictionary.encode(c.to(dictionary.device, dictionary.dtype)).float().cpu()
-                       for c in data.acts[view.read_hook].split(1024)])
+    codes = torch.cat(
+        [
+            dictionary.encode(c.to(dictionary.device, dictionary.dtype)).float().cpu()
+            for c in data.acts[view.read_hook].split(1024)
+        ]
+    )
     tr, te = data.is_train, ~data.is_train
     y_tr, y_te = data.letters[tr], data.letters[te]
-    probe_w, probe_b = train_letter_probe(x_probe[tr], y_tr, epochs=cfg.probe_epochs, batch=cfg.probe_batch,
-                                          lr=cfg.probe_lr, wd=cfg.probe_wd, seed=cfg.seed)
+    probe_w, probe_b = train_letter_probe(
+        x_probe[tr],
+        y_tr,
+        epochs=cfg.probe_epochs,
+        batch=cfg.probe_batch,
+        lr=cfg.probe_lr,
+        wd=cfg.probe_wd,
+        seed=cfg.seed,
+    )
     x_te, codes_te = x_probe[te], codes[te]
     scores_te = x_te @ probe_w.T + probe_b
     mains = main_latents(codes[tr], codes_te, y_tr, y_te, cfg)
@@ -379,8 +415,9 @@ def first_letter_absorption(
         fractions, fulls = [], []
         for r in rows.tolist():
             acts = codes_te[r]
-            fraction, full = _word_absorption((x_te[r] @ direction).item(), acts * (values @ direction),
-                                              cos, acts, mains[letter], cfg)
+            fraction, full = _word_absorption(
+                (x_te[r] @ direction).item(), acts * (values @ direction), cos, acts, mains[letter], cfg
+            )
             fractions.append(fraction)
             fulls.append(full)
         n = len(rows)
@@ -395,8 +432,10 @@ def first_letter_absorption(
     scored = [v for v in per_letter.values() if v["probe_f1"] > cfg.min_probe_f1]
     note = ""
     if len(scored) < cfg.min_letters:
-        note = (f"only {len(scored)} letters have a probe with test F1 > {cfg.min_probe_f1} at {view.write_hook}: "
-                f"SAEBench needs {cfg.min_letters} and would report no score (raise n_words)")
+        note = (
+            f"only {len(scored)} letters have a probe with test F1 > {cfg.min_probe_f1} at {view.write_hook}: "
+            f"SAEBench needs {cfg.min_letters} and would report no score (raise n_words)"
+        )
         logger.warning("Absorption below SAEBench's letter minimum: %s", note)
 
     def mean(key: str) -> float | None:

@@ -45,6 +45,8 @@ class CompareConfig:
             layer, else 32).
         seed: the random model's weights.
         batch_size: sequences per forward pass of the splice metrics.
+        exclude_first_positions: leading positions of every window left unspliced and unscored (SAEBench leaves
+            BOS out; SmolLM2's first position is an attention sink, ``docs/saes.md``).
     """
 
     absorption: AbsorptionConfig | None = field(default_factory=AbsorptionConfig)
@@ -54,6 +56,7 @@ class CompareConfig:
     control_k: int | None = None
     seed: int = 0
     batch_size: int = 8
+    exclude_first_positions: int = 1
 
     def __post_init__(self) -> None:
         bad = [v for v in self.control_variants if v not in ("vanilla", "topk", "normalized")]
@@ -82,11 +85,33 @@ class DictionaryComparison(SavableResult):
     config: dict
     times: dict
 
-    COLUMNS = ("label", "model", "kind", "layer", "alive_rate", "mean_l0", "explained_variance", "ce_delta", "kl",
-               "absorption_fraction", "full_absorption", "absorption_letters")
-    FAITHFULNESS_COLUMNS = ("label", "layer", "share_matched", "null_share_matched", "share_matched_enc",
-                            "share_matched_dec", "share_matched_same", "mean_max_cos_enc", "null_mean_max_cos_enc",
-                            "mean_max_cos_dec", "null_mean_max_cos_dec")
+    COLUMNS = (
+        "label",
+        "model",
+        "kind",
+        "layer",
+        "alive_rate",
+        "mean_l0",
+        "explained_variance",
+        "ce_delta",
+        "kl",
+        "absorption_fraction",
+        "full_absorption",
+        "absorption_letters",
+    )
+    FAITHFULNESS_COLUMNS = (
+        "label",
+        "layer",
+        "share_matched",
+        "null_share_matched",
+        "share_matched_enc",
+        "share_matched_dec",
+        "share_matched_same",
+        "mean_max_cos_enc",
+        "null_mean_max_cos_enc",
+        "mean_max_cos_dec",
+        "null_mean_max_cos_dec",
+    )
 
     def table(self) -> list[list]:
         """The rows as lists in :attr:`COLUMNS` order."""
@@ -126,21 +151,47 @@ def _score(
     label: str, model_name: str, model: HookedSAETransformer, sae: SAE, tokens: torch.Tensor, data, cfg: CompareConfig
 ) -> tuple[dict, dict | None]:
     view = as_key_value(sae, model)
-    splice = splice_metrics(model, sae, tokens, batch_size=cfg.batch_size)
-    row = {"label": label, "model": model_name, "kind": dictionary_kind(sae), "layer": view.layer,
-           "read_hook": view.read_hook, "write_hook": view.write_hook, "d_sae": view.d_sae,
-           "alive_rate": splice.alive_rate, "mean_l0": splice.mean_l0,
-           "explained_variance": splice.explained_variance, "ce_clean": splice.ce_clean,
-           "ce_delta": splice.ce_delta, "kl": splice.kl,
-           "absorption_fraction": None, "full_absorption": None, "absorption_letters": None, "absorption_note": ""}
+    splice = splice_metrics(
+        model, sae, tokens, batch_size=cfg.batch_size, exclude_first_positions=cfg.exclude_first_positions
+    )
+    row = {
+        "label": label,
+        "model": model_name,
+        "kind": dictionary_kind(sae),
+        "layer": view.layer,
+        "read_hook": view.read_hook,
+        "write_hook": view.write_hook,
+        "d_sae": view.d_sae,
+        "alive_rate": splice.alive_rate,
+        "mean_l0": splice.mean_l0,
+        "explained_variance": splice.explained_variance,
+        "ce_clean": splice.ce_clean,
+        "ce_delta": splice.ce_delta,
+        "kl": splice.kl,
+        "absorption_fraction": None,
+        "full_absorption": None,
+        "absorption_letters": None,
+        "absorption_note": "",
+    }
     details = None
     if data is not None:
         result = first_letter_absorption(sae, data, cfg=cfg.absorption)
-        row.update(absorption_fraction=result.mean_absorption_fraction, full_absorption=result.mean_full_absorption,
-                   absorption_letters=result.n_letters, absorption_note=result.note)
+        row.update(
+            absorption_fraction=result.mean_absorption_fraction,
+            full_absorption=result.mean_full_absorption,
+            absorption_letters=result.n_letters,
+            absorption_note=result.note,
+        )
         details = result.per_letter
-    logger.info("%s (%s): L0 %.1f, EV %.3f, CE change %+.4f, absorption %s", label, model_name, splice.mean_l0,
-                splice.explained_variance, splice.ce_delta, row["absorption_fraction"])
+    logger.info(
+        "%s (%s): L0 %.1f, EV %.3f, CE change %+.4f, absorption %s",
+        label,
+        model_name,
+        splice.mean_l0,
+        splice.explained_variance,
+        splice.ce_delta,
+        row["absorption_fraction"],
+    )
     return row, details
 
 
@@ -191,8 +242,7 @@ def compare_dictionaries(
                 control[name] = FFKV.from_model(random_model, layer, variant, k)
                 if variant == "vanilla":
                     controls[layer] = control[name]
-        r_data = (first_letter_activations(random_model, _hooks(control), cfg=cfg.absorption)
-                  if cfg.absorption else None)
+        r_data = first_letter_activations(random_model, _hooks(control), cfg=cfg.absorption) if cfg.absorption else None
         for label, sae in control.items():
             row, details = _score(label, "random", random_model, sae, tokens, r_data, cfg)
             rows.append(row)
@@ -209,11 +259,15 @@ def compare_dictionaries(
         reference = FFKV.from_model(model, layer, "vanilla")
         faithfulness.append(_faithfulness_row(label, layer, sae, reference, cfg))
     for layer, sae in controls.items():  # the null in real shapes: random-model FF-KV against the trained one
-        faithfulness.append(_faithfulness_row(f"random FF-KV vanilla L{layer}", layer, sae,
-                                              FFKV.from_model(model, layer, "vanilla"), cfg))
+        faithfulness.append(
+            _faithfulness_row(
+                f"random FF-KV vanilla L{layer}", layer, sae, FFKV.from_model(model, layer, "vanilla"), cfg
+            )
+        )
     times["faithfulness"] = time.perf_counter() - start
-    return DictionaryComparison(rows=rows, faithfulness=faithfulness, absorption=absorption, config=asdict(cfg),
-                                times=times)
+    return DictionaryComparison(
+        rows=rows, faithfulness=faithfulness, absorption=absorption, config=asdict(cfg), times=times
+    )
 
 
 def _control_k(rows: list[dict], layer: int, cfg: CompareConfig) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.results import SavableResult
 
@@ -97,7 +98,7 @@ def transcoder_faithfulness(
 
     Both are any dictionaries :func:`as_key_value` accepts whose read and write spaces have the same widths.
     """
-    cfg = FaithfulnessConfig(**{**(cfg.__dict__ if cfg else {}), **overrides})
+    cfg = resolve_config(FaithfulnessConfig, cfg, overrides)
     tc, ff = as_key_value(transcoder), as_key_value(ffkv)
     if tc.d_in != ff.d_in or tc.d_out != ff.d_out:
         raise ValueError(

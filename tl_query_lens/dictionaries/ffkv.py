@@ -24,6 +24,8 @@ from torch import nn
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from tl_query_lens.primitives import topk_mask
+
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": tl_utils.gelu_new,
@@ -179,13 +181,6 @@ class FFKVSAE(SAE[FFKVSAEConfig]):
             self.W_enc_lin.data *= scaling_factor
 
 
-def topk_mask(acts: torch.Tensor, k: int, *, by: Literal["magnitude", "value"] = "magnitude") -> torch.Tensor:
-    """Keep the k largest entries of the last axis (by |a| or by a), zero the rest."""
-    score = acts.abs() if by == "magnitude" else acts
-    idx = score.topk(k, dim=-1).indices
-    return torch.zeros_like(acts).scatter(-1, idx, acts.gather(-1, idx))
-
-
 def mlp_read_hook(model: HookedTransformer, layer: int) -> str:
     """The hook carrying layer ``layer``'s MLP input (before the norm's weight, which FF-KV folds into its keys)."""
     if model.cfg.normalization_type is None:
@@ -226,7 +221,9 @@ class FFKV:
         gated = bool(cfg.gated_mlp)
         post_norm = getattr(block, "ln2_post", None) if cfg.use_normalization_before_and_after else None
         if post_norm is not None and not hasattr(post_norm, "w"):
-            raise NotImplementedError(f"FF-KV supports RMS post-MLP norms with a weight, not {type(post_norm).__name__}.")
+            raise NotImplementedError(
+                f"FF-KV supports RMS post-MLP norms with a weight, not {type(post_norm).__name__}."
+            )
         W_in = mlp.W_in.detach().float()
         b_in = mlp.b_in.detach().float()
         W_key = mlp.W_gate.detach().float() if gated else W_in

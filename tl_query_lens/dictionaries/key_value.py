@@ -129,9 +129,10 @@ def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> Key
             f"as_key_value accepts SAELens SAEs (incl. transcoders, FF-KV, readout SAEs) or a KeyValueView, "
             f"not {type(dictionary).__name__}."
         )
-    check_dictionary_finite(view.dictionary if view.dictionary is not None else view,
-                            {"keys (W_enc)": view.keys, "values (W_dec)": view.values, "b_enc": view.b_enc,
-                             "b_dec": view.b_dec})
+    check_dictionary_finite(
+        view.dictionary if view.dictionary is not None else view,
+        {"keys (W_enc)": view.keys, "values (W_dec)": view.values, "b_enc": view.b_enc, "b_dec": view.b_dec},
+    )
     if model is not None:
         validate_view(view, model)
     return view
@@ -150,8 +151,10 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
     b_enc = torch.zeros(W_enc.shape[1]) if b_enc is None else b_enc.detach()
     norm = getattr(sae.cfg, "normalize_activations", "none")
     if norm not in _LINEAR_NORMS | _SCALING_NORMS:
-        raise NotImplementedError(f"normalize_activations={norm!r} is not linear in the input; the key-value view "
-                                  f"supports {sorted(_LINEAR_NORMS | _SCALING_NORMS)}.")
+        raise NotImplementedError(
+            f"normalize_activations={norm!r} is not linear in the input; the key-value view "
+            f"supports {sorted(_LINEAR_NORMS | _SCALING_NORMS)}."
+        )
     if getattr(sae.cfg, "apply_b_dec_to_input", False):
         b_enc = b_enc - sae.b_dec.detach() @ W_enc  # k·(x − b_dec) + b = k·x + (b − k·b_dec)
     keys = W_enc.T
@@ -183,8 +186,10 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
     keys, values, b_dec = view.keys.float(), view.values.float(), view.b_dec.float()
     if view.head_index is not None:
         if not 0 <= view.head_index < n_heads or view.d_in != d_head:
-            raise ValueError(f"hook_head_index={view.head_index} with d_in={view.d_in} does not fit layer {layer}'s "
-                             f"{n_heads} heads of width {d_head}.")
+            raise ValueError(
+                f"hook_head_index={view.head_index} with d_in={view.d_in} does not fit layer {layer}'s "
+                f"{n_heads} heads of width {d_head}."
+            )
         h = view.head_index
         padded = torch.zeros(view.d_sae, n_heads, d_head, device=keys.device)
         padded[:, h] = keys
@@ -193,14 +198,22 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
         b_dec = b_dec @ W_O[h].to(values.device)
     else:
         if view.d_in != n_heads * d_head:
-            raise ValueError(f"A hook_z SAE of layer {layer} reads n_heads·d_head = {n_heads * d_head} values, not "
-                             f"{view.d_in}; for one head set cfg.metadata.hook_head_index.")
+            raise ValueError(
+                f"A hook_z SAE of layer {layer} reads n_heads·d_head = {n_heads * d_head} values, not "
+                f"{view.d_in}; for one head set cfg.metadata.hook_head_index."
+            )
         values = torch.einsum("fhd,hdm->fm", values.reshape(-1, n_heads, d_head), W_O.to(values.device))
         b_dec = torch.einsum("hd,hdm->m", b_dec.reshape(n_heads, d_head), W_O.to(values.device))
     b_dec = b_dec + attn.b_O.detach().float().to(b_dec.device)
     post_norm = bool(getattr(model.cfg, "use_normalization_before_and_after", False))
-    return dataclasses.replace(view, keys=keys, values=values, b_dec=b_dec,
-                               write_hook=f"blocks.{layer}.hook_attn_out", fixed_values=not post_norm)
+    return dataclasses.replace(
+        view,
+        keys=keys,
+        values=values,
+        b_dec=b_dec,
+        write_hook=f"blocks.{layer}.hook_attn_out",
+        fixed_values=not post_norm,
+    )
 
 
 def validate_view(view: KeyValueView, model: HookedTransformer) -> None:

@@ -43,8 +43,7 @@ def check_sae_folder(path: str | Path) -> dict[str, Any]:
     if architecture not in SAE_CLASS_REGISTRY:
         raise CorruptFileError(
             cfg_file,
-            f"names architecture {architecture!r}, which SAELens does not know "
-            f"(known: {sorted(SAE_CLASS_REGISTRY)})",
+            f"names architecture {architecture!r}, which SAELens does not know (known: {sorted(SAE_CLASS_REGISTRY)})",
             "Import the package that registers it first (tl_query_lens registers 'ffkv' and "
             "'readout'), or re-save the SAE.",
         )
@@ -67,6 +66,4 @@ def load_sae(path: str | Path, *, device: str = "cpu") -> SAE:
         ValueError,
         RuntimeError,
     ) as err:  # a config field or tensor shape SAELens rejects
-        raise CorruptFileError(
-            path, f"could not be loaded by SAELens ({type(err).__name__}: {err})", SAVE_FIX
-        ) from err
+        raise CorruptFileError(path, f"could not be loaded by SAELens ({type(err).__name__}: {err})", SAVE_FIX) from err

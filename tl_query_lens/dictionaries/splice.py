@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
+from tqdm import tqdm
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import check_outputs
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.primitives import kl_divergence
 from tl_query_lens.results import SavableResult
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,6 +48,13 @@ class SpliceMetrics(SavableResult):
     n_tokens: int
 
 
+def _write_from(first: int, written: torch.Tensor, act: torch.Tensor, hook: Any) -> torch.Tensor:
+    """Hook: positions ``first:`` carry ``written``; the earlier ones keep the clean activation."""
+    out = act.clone()
+    out[:, first:] = written.reshape(out[:, first:].shape).to(out.dtype)
+    return out
+
+
 @torch.no_grad()
 def splice_metrics(
     model: HookedSAETransformer,
@@ -46,10 +62,23 @@ def splice_metrics(
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     batch_size: int = 8,
+    exclude_first_positions: int = 0,
 ) -> SpliceMetrics:
-    """Measure a dictionary's fidelity on ``tokens`` (clean run vs. ``run_with_saes`` without the error term)."""
+    """Measure a dictionary's fidelity on ``tokens`` (clean run vs. ``run_with_saes`` without the error term).
+
+    ``exclude_first_positions > 0`` keeps the clean activation at the first positions of every window (the splice
+    runs as a hook that writes the reconstruction from the clean read-hook activation at the other positions) and
+    leaves them out of L0, alive, EV and KL: SAEBench's ``exclude_special_tokens_from_reconstruction``, by position,
+    for models whose first position is an attention sink (SmolLM2, ``docs/saes.md``).
+    """
     view = as_key_value(sae, model)
     tokens = check_tokens(model, tokens)
+    if not 0 <= exclude_first_positions < tokens.shape[1] - 1:
+        raise ValueError(
+            f"exclude_first_positions={exclude_first_positions} leaves no position of the {tokens.shape[1]}-token "
+            "windows to score; use 0 or 1, or longer windows."
+        )
+    keep = torch.arange(tokens.shape[1], device=model.cfg.device) >= exclude_first_positions
     fired = torch.zeros(view.d_sae, dtype=torch.bool)
     l0_sum = sse = ce_clean = ce_spliced = kl_sum = 0.0
     y_sum = y_sq = 0.0
@@ -58,8 +87,9 @@ def splice_metrics(
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         logits, cache = model.run_with_cache(batch, names_filter=[view.read_hook, view.write_hook])
         x, y = cache[view.read_hook], cache[view.write_hook]
-        acts = sae.encode(x)
+        acts = sae.encode(x)[:, keep]
         y_hat = sae.decode(acts)
+        y = y[:, keep]
         nonzero = acts != 0
         fired |= nonzero.reshape(-1, view.d_sae).any(0).cpu()
         l0_sum += nonzero.sum().item()
@@ -67,11 +97,14 @@ def splice_metrics(
         y_sum = y_sum + y.reshape(-1, y.shape[-1]).sum(0).double()
         y_sq += y.double().pow(2).sum().item()
         n_tok += y.shape[0] * y.shape[1]
-        spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
+        if exclude_first_positions:
+            splice = partial(_write_from, exclude_first_positions, y_hat)
+            spliced = model.run_with_hooks(batch, fwd_hooks=[(view.write_hook, splice)])
+        else:
+            spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
         ce_clean += _ce_sum(logits, batch)
         ce_spliced += _ce_sum(spliced, batch)
-        logp, logq = logits.log_softmax(-1), spliced.log_softmax(-1)
-        kl_sum += (logp.exp() * (logp - logq)).sum().item()
+        kl_sum += kl_divergence(logits.log_softmax(-1), spliced.log_softmax(-1))[:, keep].sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     sst = y_sq - (y_sum.pow(2).sum() / n_tok).item()
     metrics = SpliceMetrics(
@@ -84,12 +117,118 @@ def splice_metrics(
         kl=kl_sum / n_tok,
         n_tokens=n_tok,
     )
-    return check_outputs(metrics, "splice_metrics", hint="The clean or spliced forward pass produced non-finite "
-                         "activations or logits: check the model's weights and dtype (the dictionary's weights "
-                         "were checked on entry).")
+    return check_outputs(
+        metrics,
+        "splice_metrics",
+        hint="The clean or spliced forward pass produced non-finite "
+        "activations or logits: check the model's weights and dtype (the dictionary's weights "
+        "were checked on entry).",
+    )
 
 
 def _ce_sum(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     return F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1), reduction="sum"
     ).item()
+
+
+@dataclass
+class FFKVSummaryConfig:
+    """Options of :func:`ffkv_summary`.
+
+    Attributes:
+        k: TopK size of the sparse FF-KV splice.
+        dense: also splice the vanilla (dense, exact) FF-KV dictionary.
+        batch_size: sequences per forward pass.
+    """
+
+    k: int = 64
+    dense: bool = True
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.batch_size < 1:
+            raise ValueError(f"k and batch_size must be ≥ 1, got k={self.k}, batch_size={self.batch_size}.")
+
+
+@dataclass
+class FFKVSummary(SavableResult):
+    """Splice metrics of FF-KV dictionaries per layer.
+
+    Attributes:
+        k: TopK size of the sparse splice.
+        sparse: layer → metrics of the TopK-k FF-KV splice.
+        dense: layer → metrics of the vanilla FF-KV splice (empty when not asked for).
+    """
+
+    k: int
+    sparse: dict[int, SpliceMetrics]
+    dense: dict[int, SpliceMetrics] = field(default_factory=dict)
+
+    COLUMNS = (
+        "layer",
+        "alive_rate_vanilla",
+        "alive_rate_topk",
+        "mean_l0_topk",
+        "ev_vanilla",
+        "ev_topk",
+        "ce_clean",
+        "ce_delta_topk",
+        "kl_topk",
+    )
+
+    def rows(self) -> list[list]:
+        """One row per layer, columns :attr:`COLUMNS` (vanilla columns None without ``dense``)."""
+        rows = []
+        for layer, s in self.sparse.items():
+            d = self.dense.get(layer)
+            rows.append(
+                [
+                    layer,
+                    d and d.alive_rate,
+                    s.alive_rate,
+                    s.mean_l0,
+                    d and d.explained_variance,
+                    s.explained_variance,
+                    s.ce_clean,
+                    s.ce_delta,
+                    s.kl,
+                ]
+            )
+        return rows
+
+    def _subfolder(self, name: str, key=None) -> str:
+        if key is None:
+            return name
+        return f"layer{key}" if name == "sparse" else f"layer{key}_vanilla"
+
+
+def ffkv_summary(
+    model: HookedSAETransformer,
+    layers: Sequence[int],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    cfg: FFKVSummaryConfig | None = None,
+    **overrides: Any,
+) -> FFKVSummary:
+    """Splice the TopK-k (and the vanilla) FF-KV dictionary of each layer and measure it on ``tokens``."""
+    from tl_query_lens.dictionaries.ffkv import FFKV
+
+    cfg = resolve_config(FFKVSummaryConfig, cfg, overrides)
+    sparse, dense = {}, {}
+    for layer in tqdm(list(layers), desc="FF-KV layers", leave=False):
+        if cfg.dense:
+            dense[layer] = splice_metrics(
+                model, FFKV.from_model(model, layer, "vanilla"), tokens, batch_size=cfg.batch_size
+            )
+        sparse[layer] = splice_metrics(
+            model, FFKV.from_model(model, layer, "topk", k=cfg.k), tokens, batch_size=cfg.batch_size
+        )
+        logger.info(
+            "layer %d: TopK-%d EV %.3f, CE change %+.4f nats",
+            layer,
+            cfg.k,
+            sparse[layer].explained_variance,
+            sparse[layer].ce_delta,
+        )
+    return FFKVSummary(k=cfg.k, sparse=sparse, dense=dense)

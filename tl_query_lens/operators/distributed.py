@@ -48,7 +48,16 @@ def all_reduce(operators: OperatorSet) -> OperatorSet:
     if world == 1:
         return operators
     sums, count = all_reduce_sums(operators.sums, operators.count)
-    return OperatorSet(kind=operators.kind, sums=sums, count=count, model_name=operators.model_name,
-                       anchor_hook=operators.anchor_hook, corpus_fingerprint=operators.corpus_fingerprint,
-                       dtype=operators.dtype, skip_positions=operators.skip_positions, batches_done=-1,
-                       batch_size=operators.batch_size, extra=dict(operators.extra))
+    return OperatorSet(
+        kind=operators.kind,
+        sums=sums,
+        count=count,
+        model_name=operators.model_name,
+        anchor_hook=operators.anchor_hook,
+        corpus_fingerprint=operators.corpus_fingerprint,
+        dtype=operators.dtype,
+        skip_positions=operators.skip_positions,
+        batches_done=-1,
+        batch_size=operators.batch_size,
+        extra=dict(operators.extra),
+    )

@@ -39,6 +39,7 @@ from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
+from tl_query_lens.primitives import stop_layer
 
 logger = logging.getLogger(__name__)
 
@@ -93,19 +94,13 @@ def check_tokens(model: HookedTransformer, tokens: torch.Tensor, skip_positions:
             "come from another tokenizer. Tokenize with this model (load_corpus(..., model, ...) or model.to_tokens)."
         )
     if tokens.shape[1] > model.cfg.n_ctx:
-        raise InputError(f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}; "
-                         "use a shorter seq_len.")
+        raise InputError(
+            f"Sequences of {tokens.shape[1]} tokens exceed the model context n_ctx={model.cfg.n_ctx}; "
+            "use a shorter seq_len."
+        )
     if not 0 <= skip_positions < tokens.shape[1]:
         raise InputError(f"skip_positions={skip_positions} must be in [0, seq_len={tokens.shape[1]}).")
     return tokens.long()
-
-
-def _stop_layer(model: HookedTransformer, hooks: Sequence[str]) -> int | None:
-    layers = [hook_layer(h) for h in hooks]
-    if any(layer is None and h != EMBED_HOOK and not h.startswith("hook_pos_embed") for h, layer in zip(hooks, layers)):
-        return None  # e.g. ln_final.*: run to the end
-    deepest = max((layer for layer in layers if layer is not None), default=-1)
-    return deepest + 1
 
 
 def basis_fingerprint(basis: torch.Tensor) -> str:
@@ -116,8 +111,14 @@ def basis_fingerprint(basis: torch.Tensor) -> str:
     return hashlib.sha256(data + str(tuple(basis.shape)).encode()).hexdigest()[:16]
 
 
-def chunk_for_memory(model: HookedTransformer, sweeps: Sequence[_Sweep], widths: dict[str, int], batch_size: int,
-                     seq_len: int, max_memory_gb: float) -> int:
+def chunk_for_memory(
+    model: HookedTransformer,
+    sweeps: Sequence[_Sweep],
+    widths: dict[str, int],
+    batch_size: int,
+    seq_len: int,
+    max_memory_gb: float,
+) -> int:
     """The largest tangent/cotangent chunk whose estimated working memory fits ``max_memory_gb``.
 
     Estimate (bytes): the saved forward graph of a reverse sweep, ``L · B · P · w_layer · s``, plus per basis vector
@@ -139,8 +140,10 @@ def chunk_for_memory(model: HookedTransformer, sweeps: Sequence[_Sweep], widths:
         fits = int((budget - graph) // per_vector)
         chunk = fits if chunk is None else min(chunk, fits)
     if chunk is None or chunk < 1:
-        raise ValueError(f"max_memory_gb={max_memory_gb} is too small for batch_size={batch_size} sequences of "
-                         f"{seq_len} tokens: lower batch_size or raise max_memory_gb.")
+        raise ValueError(
+            f"max_memory_gb={max_memory_gb} is too small for batch_size={batch_size} sequences of "
+            f"{seq_len} tokens: lower batch_size or raise max_memory_gb."
+        )
     chunk = min(chunk, max(s.width(widths) for s in sweeps))
     logger.info("max_memory_gb=%s: %d tangents/cotangents per pass", max_memory_gb, chunk)
     return chunk
@@ -150,16 +153,23 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2) if x.ndim == 4 else x  # hook_z style [batch, pos, head, d_head] → [batch, pos, head·d_head]
 
 
-def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], sweep: _Sweep,
-               valid: Float[torch.Tensor, "batch pos"], widths: dict[str, int], sums: dict[str, torch.Tensor],
-               chunk: int, bar) -> None:
+def _run_sweep(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    sweep: _Sweep,
+    valid: Float[torch.Tensor, "batch pos"],
+    widths: dict[str, int],
+    sums: dict[str, torch.Tensor],
+    chunk: int,
+    bar,
+) -> None:
     """Add one minibatch's contribution to ``sums`` (operator name → fp32 ``[d_out, d_in]``, on the model's device).
 
     Activations stay in the model's dtype; the perturbation ``δ`` is an fp32 leaf broadcast to every position in fp32
     and only then cast, so the position sums of gradients / tangents (and the operator sums) are fp32 (bf16/fp16 models).
     """
     device = tokens.device
-    stop = _stop_layer(model, [*sweep.perturb, *sweep.read])
+    stop = stop_layer([*sweep.perturb, *sweep.read])
     deltas: dict[str, torch.Tensor] = {}
     captured: dict[str, torch.Tensor] = {}
 
@@ -186,8 +196,14 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
                 idx = torch.arange(start, min(start + chunk, n_basis), device=device)
                 rows = sweep.rows(idx, d_out, device)  # cotangent directions at the read hook(s)
                 cot = (valid[None, :, :, None] * rows[:, None, None, :]).to(outputs[0].dtype)
-                grads = torch.autograd.grad(outputs, [deltas[n] for n in sources], [cot] * len(outputs),
-                                            retain_graph=True, allow_unused=True, is_grads_batched=True)
+                grads = torch.autograd.grad(
+                    outputs,
+                    [deltas[n] for n in sources],
+                    [cot] * len(outputs),
+                    retain_graph=True,
+                    allow_unused=True,
+                    is_grads_batched=True,
+                )
                 for name, grad in zip(sources, grads):
                     if grad is None:
                         raise ValueError(f"Hook {name!r} does not influence {sweep.read}: it is downstream of them.")
@@ -216,10 +232,23 @@ def _run_sweep(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
             captured.clear()
 
 
-def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: str, names: list[str],
-             shapes: dict[str, tuple[int, int]], sweeps: list[_Sweep], widths: dict[str, int], *,
-             skip_positions: int, chunk: int, batch_size: int, cache_dir, progress: bool,
-             max_memory_gb: float | None = None) -> OperatorSet:
+def _compute(
+    model: HookedTransformer,
+    tokens: torch.Tensor,
+    kind: str,
+    anchor: str,
+    names: list[str],
+    shapes: dict[str, tuple[int, int]],
+    sweeps: list[_Sweep],
+    widths: dict[str, int],
+    *,
+    skip_positions: int,
+    chunk: int,
+    batch_size: int,
+    cache_dir,
+    progress: bool,
+    max_memory_gb: float | None = None,
+) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
@@ -245,18 +274,33 @@ def _compute(model: HookedTransformer, tokens: torch.Tensor, kind: str, anchor: 
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
     if state is None:
-        state = OperatorSet(kind=kind, sums={n: torch.zeros(shapes[n], device=device) for n in names}, count=0,
-                            model_name=model_name, anchor_hook=anchor, corpus_fingerprint=fingerprint, dtype=dtype,
-                            skip_positions=skip_positions, batches_done=0, batch_size=batch_size,
-                            extra={"directions": sorted({s.direction for s in sweeps}), "chunk": chunk,
-                                   **({"basis": basis} if basis else {})})
+        state = OperatorSet(
+            kind=kind,
+            sums={n: torch.zeros(shapes[n], device=device) for n in names},
+            count=0,
+            model_name=model_name,
+            anchor_hook=anchor,
+            corpus_fingerprint=fingerprint,
+            dtype=dtype,
+            skip_positions=skip_positions,
+            batches_done=0,
+            batch_size=batch_size,
+            extra={
+                "directions": sorted({s.direction for s in sweeps}),
+                "chunk": chunk,
+                **({"basis": basis} if basis else {}),
+            },
+        )
     else:
         logger.info("Resuming %s after %d minibatches", state.describe(), state.batches_done)
     state = state.to(device)  # sums accumulate on the model's device; the file on disk is device-free
     batches = list(torch.split(local.to(device), batch_size)) if len(local) else []
     n_chunks = sum(-(-s.width(widths) // chunk) for s in sweeps)
-    bar = tqdm(total=(len(batches) - state.batches_done) * n_chunks, desc=f"{kind} operators",
-               disable=not progress or rank != 0)
+    bar = tqdm(
+        total=(len(batches) - state.batches_done) * n_chunks,
+        desc=f"{kind} operators",
+        disable=not progress or rank != 0,
+    )
     for b in range(state.batches_done, len(batches)):
         batch = batches[b]
         valid = torch.zeros(batch.shape, device=batch.device)
@@ -285,11 +329,20 @@ def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
     return hook_dims(model, unique)
 
 
-def value_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], hooks: Sequence[str], *,
-                    skip_positions: int = 0, chunk: int = 64, batch_size: int = 8, cache_dir=None,
-                    progress: bool = True, direction: Direction = "reverse",
-                    basis: Float[torch.Tensor, "n d_src"] | None = None,
-                    max_memory_gb: float | None = None) -> OperatorSet:
+def value_operators(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    hooks: Sequence[str],
+    *,
+    skip_positions: int = 0,
+    chunk: int = 64,
+    batch_size: int = 8,
+    cache_dir=None,
+    progress: bool = True,
+    direction: Direction = "reverse",
+    basis: Float[torch.Tensor, "n d_src"] | None = None,
+    max_memory_gb: float | None = None,
+) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
 
     ``Δh_final ≈ M_src @ v`` for a direction ``v`` added at every position of ``src``; h_final is
@@ -329,16 +382,38 @@ def value_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch p
         raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
     columns = {h: widths[h] if basis is None else len(basis) for h in hooks}
     shapes = {h: (widths[final], columns[h]) for h in hooks}
-    return _compute(model, tokens, "value", final, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
-                    chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress,
-                    max_memory_gb=max_memory_gb)
+    return _compute(
+        model,
+        tokens,
+        "value",
+        final,
+        hooks,
+        shapes,
+        sweeps,
+        widths,
+        skip_positions=skip_positions,
+        chunk=chunk,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        progress=progress,
+        max_memory_gb=max_memory_gb,
+    )
 
 
-def key_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], hooks: Sequence[str], *,
-                  skip_positions: int = 0, chunk: int = 64, batch_size: int = 8, cache_dir=None,
-                  progress: bool = True, direction: Direction = "forward",
-                  basis: Float[torch.Tensor, "n d_dst"] | None = None,
-                  max_memory_gb: float | None = None) -> OperatorSet:
+def key_operators(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    hooks: Sequence[str],
+    *,
+    skip_positions: int = 0,
+    chunk: int = 64,
+    batch_size: int = 8,
+    cache_dir=None,
+    progress: bool = True,
+    direction: Direction = "forward",
+    basis: Float[torch.Tensor, "n d_dst"] | None = None,
+    max_memory_gb: float | None = None,
+) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
 
     ``Δh_dst ≈ N_dst @ δe`` for ``δe`` added to the embedding of every position. ``direction="forward"`` (default)
@@ -356,21 +431,44 @@ def key_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos
     if direction == "forward":
         sweeps = [_Sweep("forward", {EMBED_HOOK: False}, hooks, {h: h for h in hooks})]
     elif direction == "reverse":
-        sweeps = [_Sweep("reverse", {EMBED_HOOK: False}, [h], {EMBED_HOOK: h}, _basis(basis, widths[h], h))
-                  for h in hooks]
+        sweeps = [
+            _Sweep("reverse", {EMBED_HOOK: False}, [h], {EMBED_HOOK: h}, _basis(basis, widths[h], h)) for h in hooks
+        ]
     else:
         raise ValueError(f"direction must be 'reverse' or 'forward', not {direction!r}.")
     shapes = {h: (widths[h] if basis is None else len(basis), widths[EMBED_HOOK]) for h in hooks}
-    return _compute(model, tokens, "key", EMBED_HOOK, hooks, shapes, sweeps, widths, skip_positions=skip_positions,
-                    chunk=chunk, batch_size=batch_size, cache_dir=cache_dir, progress=progress,
-                    max_memory_gb=max_memory_gb)
+    return _compute(
+        model,
+        tokens,
+        "key",
+        EMBED_HOOK,
+        hooks,
+        shapes,
+        sweeps,
+        widths,
+        skip_positions=skip_positions,
+        chunk=chunk,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        progress=progress,
+        max_memory_gb=max_memory_gb,
+    )
 
 
-def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"],
-                     layers: Sequence[int] | None = None, *, skip_positions: int = 0, chunk: int = 64,
-                     batch_size: int = 8, cache_dir=None, progress: bool = True,
-                     direction: Direction = "reverse", basis: Float[torch.Tensor, "n d_model"] | None = None,
-                     max_memory_gb: float | None = None) -> OperatorSet:
+def module_operators(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    layers: Sequence[int] | None = None,
+    *,
+    skip_positions: int = 0,
+    chunk: int = 64,
+    batch_size: int = 8,
+    cache_dir=None,
+    progress: bool = True,
+    direction: Direction = "reverse",
+    basis: Float[torch.Tensor, "n d_model"] | None = None,
+    max_memory_gb: float | None = None,
+) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
     the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
     ``[d_model, d_model]`` (DESIGN §4–5).
@@ -395,8 +493,10 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
         raise NotImplementedError("Attention-only models have no MLP modules; module operators need both.")
     mlp_input = "pre" if getattr(model.cfg, "parallel_attn_mlp", False) else "mid"
     reads = {m: {f"blocks.{k}.hook_{m}_out": f"blocks.{k}.{m}" for k in layers} for m in ("attn", "mlp")}
-    inputs = {m: {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers}
-              for m, p in (("attn", "pre"), ("mlp", mlp_input))}
+    inputs = {
+        m: {f"blocks.{k}.hook_resid_{p}": f"blocks.{k}.{m}" for k in layers}
+        for m, p in (("attn", "pre"), ("mlp", mlp_input))
+    }
     outputs = {**reads["attn"], **reads["mlp"]}
     widths = _widths(model, [*inputs["attn"], *inputs["mlp"], *outputs])
     perturb = {h: True for h in (*inputs["attn"], *inputs["mlp"])}
@@ -412,9 +512,22 @@ def module_operators(model: HookedTransformer, tokens: Int[torch.Tensor, "batch 
     names = [f"blocks.{k}.{m}" for k in layers for m in ("attn", "mlp")]
     d = model.cfg.d_model
     n = d if basis is None else len(basis)
-    return _compute(model, tokens, "module", "", names, {name: (d, n) for name in names}, sweeps, widths,
-                    skip_positions=skip_positions, chunk=chunk, batch_size=batch_size, cache_dir=cache_dir,
-                    progress=progress, max_memory_gb=max_memory_gb)
+    return _compute(
+        model,
+        tokens,
+        "module",
+        "",
+        names,
+        {name: (d, n) for name in names},
+        sweeps,
+        widths,
+        skip_positions=skip_positions,
+        chunk=chunk,
+        batch_size=batch_size,
+        cache_dir=cache_dir,
+        progress=progress,
+        max_memory_gb=max_memory_gb,
+    )
 
 
 def _basis(basis: torch.Tensor | None, width: int, where: str) -> torch.Tensor | None:

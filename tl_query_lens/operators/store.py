@@ -113,9 +113,23 @@ class OperatorSet:
 
     # ----- combining ----------------------------------------------------------------------------------------------
     def compatible(self, other: OperatorSet) -> bool:
-        return (self.kind, self.model_name, self.anchor_hook, self.dtype, self.skip_positions, self.hooks,
-                self.extra.get("basis")) == (other.kind, other.model_name, other.anchor_hook, other.dtype,
-                                             other.skip_positions, other.hooks, other.extra.get("basis"))
+        return (
+            self.kind,
+            self.model_name,
+            self.anchor_hook,
+            self.dtype,
+            self.skip_positions,
+            self.hooks,
+            self.extra.get("basis"),
+        ) == (
+            other.kind,
+            other.model_name,
+            other.anchor_hook,
+            other.dtype,
+            other.skip_positions,
+            other.hooks,
+            other.extra.get("basis"),
+        )
 
     def merge(self, other: OperatorSet) -> OperatorSet:
         """Sums and counts of two shards added (e.g. two corpora, or two ranks); metadata must agree."""
@@ -136,16 +150,26 @@ class OperatorSet:
         )
 
     def describe(self) -> str:
-        return (f"{self.kind} operators of {self.model_name} ({len(self)} hooks, {self.count} tokens, "
-                f"corpus {self.corpus_fingerprint}, {self.dtype}, skip {self.skip_positions})")
+        return (
+            f"{self.kind} operators of {self.model_name} ({len(self)} hooks, {self.count} tokens, "
+            f"corpus {self.corpus_fingerprint}, {self.dtype}, skip {self.skip_positions})"
+        )
 
     # ----- disk ---------------------------------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_VERSION, "kind": self.kind, "count": self.count, "model_name": self.model_name,
-            "anchor_hook": self.anchor_hook, "corpus_fingerprint": self.corpus_fingerprint, "dtype": self.dtype,
-            "skip_positions": self.skip_positions, "batches_done": self.batches_done, "batch_size": self.batch_size,
-            "hooks": self.hooks, "extra": self.extra,
+            "format": FORMAT_VERSION,
+            "kind": self.kind,
+            "count": self.count,
+            "model_name": self.model_name,
+            "anchor_hook": self.anchor_hook,
+            "corpus_fingerprint": self.corpus_fingerprint,
+            "dtype": self.dtype,
+            "skip_positions": self.skip_positions,
+            "batches_done": self.batches_done,
+            "batch_size": self.batch_size,
+            "hooks": self.hooks,
+            "extra": self.extra,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -156,27 +180,38 @@ class OperatorSet:
     def load(cls, path: str | Path) -> OperatorSet:
         """Read a file written by :meth:`save`; a truncated or foreign file raises a
         :class:`~tl_query_lens.errors.CorruptFileError` that names it and says to delete it."""
-        fix = ("Delete it and rerun: the operators are recomputed (cached operator files are safe to delete; "
-               "another cache folder works too: cache_dir= / --cache-dir).")
+        fix = (
+            "Delete it and rerun: the operators are recomputed (cached operator files are safe to delete; "
+            "another cache folder works too: cache_dir= / --cache-dir)."
+        )
         tensors, meta = read_tensors(path, fix=fix)
         if meta.get("format") != FORMAT_VERSION:
-            raise CorruptFileError(path, f"is not an OperatorSet file of format {FORMAT_VERSION} "
-                                         f"(format {meta.get('format')!r})", fix)
+            raise CorruptFileError(
+                path, f"is not an OperatorSet file of format {FORMAT_VERSION} (format {meta.get('format')!r})", fix
+            )
         try:
             return cls(
-                kind=meta["kind"], sums={name: tensors[name] for name in meta["hooks"]}, count=int(meta["count"]),
-                model_name=meta["model_name"], anchor_hook=meta["anchor_hook"],
-                corpus_fingerprint=meta["corpus_fingerprint"], dtype=meta["dtype"],
-                skip_positions=int(meta["skip_positions"]), batches_done=int(meta["batches_done"]),
-                batch_size=int(meta["batch_size"]), extra=meta.get("extra", {}),
+                kind=meta["kind"],
+                sums={name: tensors[name] for name in meta["hooks"]},
+                count=int(meta["count"]),
+                model_name=meta["model_name"],
+                anchor_hook=meta["anchor_hook"],
+                corpus_fingerprint=meta["corpus_fingerprint"],
+                dtype=meta["dtype"],
+                skip_positions=int(meta["skip_positions"]),
+                batches_done=int(meta["batches_done"]),
+                batch_size=int(meta["batch_size"]),
+                extra=meta.get("extra", {}),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptFileError(path, f"lacks operator data or metadata ({type(err).__name__}: {err})", fix) from err
 
 
 # Where NaN/inf in an operator comes from, for the error message.
-OPERATOR_HINT = ("The model produced non-finite activations or gradients on this corpus: compute operators in "
-                 "float32, check the model's weights and the tokens, or drop the offending sequences.")
+OPERATOR_HINT = (
+    "The model produced non-finite activations or gradients on this corpus: compute operators in "
+    "float32, check the model's weights and the tokens, or drop the offending sequences."
+)
 
 
 def check_operator(tensor: torch.Tensor, what: str) -> torch.Tensor:
@@ -184,8 +219,15 @@ def check_operator(tensor: torch.Tensor, what: str) -> torch.Tensor:
     return check_finite(tensor, what, hint=OPERATOR_HINT)
 
 
-def cache_path(cache_dir: str | Path, kind: str, model_name: str, hooks: list[str], fingerprint: str, dtype: str,
-               skip_positions: int) -> Path:
+def cache_path(
+    cache_dir: str | Path,
+    kind: str,
+    model_name: str,
+    hooks: list[str],
+    fingerprint: str,
+    dtype: str,
+    skip_positions: int,
+) -> Path:
     """Deterministic file name for an operator set, keyed by everything that changes its value."""
     key = json.dumps([kind, model_name, sorted(hooks), fingerprint, dtype, skip_positions, FORMAT_VERSION])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -7,6 +7,9 @@ closed-form reduced-rank regression (exact least squares at rank r) and by the p
 of W is the *channel*: the rank-r subspace of the response the module writes. Channels are compared by overlap
 OL = ‖Q_iᵀQ_j‖_F² / r; same-destination pairs should overlap more than different-destination pairs (AUC,
 permutation p).
+
+:func:`subspace_channels` is the protocol (dictionaries and a corpus in, operators computed, one
+:class:`ChannelAnalysis` out); :func:`channel_analysis` is its core on given value vectors and operators.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import check_finite
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.results import SavableResult
@@ -80,7 +85,7 @@ class LowRankMap:
 
     def column_space(self) -> Float[torch.Tensor, "d_out rank"]:
         """Orthonormal basis of the column space of W (its top-r left singular vectors)."""
-        U, S, _ = torch.linalg.svd(self.W.double(), full_matrices=False)
+        U, _S, _ = torch.linalg.svd(self.W.double(), full_matrices=False)
         r = self.A.shape[0]
         return U[:, :r].float()
 
@@ -171,7 +176,7 @@ def auc(positive: torch.Tensor, negative: torch.Tensor) -> float:
 
 def _average_ranks(scores: torch.Tensor) -> torch.Tensor:
     """1-based ranks with ties sharing their average rank."""
-    values, inverse, counts = torch.unique(scores.double(), return_inverse=True, return_counts=True)
+    _values, inverse, counts = torch.unique(scores.double(), return_inverse=True, return_counts=True)
     upper = counts.cumsum(0).double()
     return ((upper - counts.double() + 1 + upper) / 2)[inverse]
 
@@ -228,7 +233,8 @@ def channel_analysis(
     operators: Mapping[str, Float[torch.Tensor, "d_model d_model"]],
     *,
     n_layers: int,
-    **options,
+    cfg: ChannelConfig | None = None,
+    **overrides: Any,
 ) -> ChannelAnalysis:
     """Fit the channels of every (source layer, downstream module) pair and compare their column spaces.
 
@@ -237,12 +243,15 @@ def channel_analysis(
         operators: module operators ``blocks.k.attn`` / ``blocks.k.mlp`` → ``[d_model, d_model]``; every module with
             k > l is used for source l.
         n_layers: the model's L (for the default rank d/L).
-        **options: :class:`ChannelConfig` fields.
+        cfg / overrides: a :class:`ChannelConfig`; keyword overrides replace single fields.
     """
-    cfg = ChannelConfig(**options)
+    cfg = resolve_config(ChannelConfig, cfg, overrides)
     for source, values in values_by_source.items():
-        check_finite(values, f"value vectors of source layer {source}",
-                     hint="The dictionary's W_dec is corrupt or training diverged: reload or retrain it.")
+        check_finite(
+            values,
+            f"value vectors of source layer {source}",
+            hint="The dictionary's W_dec is corrupt or training diverged: reload or retrain it.",
+        )
     # Small dense fits: done on the CPU whatever device the operators were computed on (the engine returns them on
     # the model's device), so seeded CPU generators and the inputs never mix devices.
     values_by_source = {source: values.detach().float().cpu() for source, values in values_by_source.items()}
@@ -253,7 +262,7 @@ def channel_analysis(
     metrics: dict[str, dict] = {f: {} for f in cfg.fits}
     for source, values in sorted(values_by_source.items()):
         n = values.shape[0]
-        n_train = int(round(cfg.train_frac * n))
+        n_train = round(cfg.train_frac * n)
         if n_train < 2 or n - n_train < 1:
             raise ValueError(f"Source layer {source}: {n} features cannot be split {cfg.train_frac:.0%}/rest.")
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))
@@ -272,11 +281,20 @@ def channel_analysis(
                 if fit_name == "closed_form":
                     fit = reduced_rank_regression(values[train], Y[train], rank)
                 else:
-                    fit = fit_adam(values[train], Y[train], rank, lr=cfg.lr, epochs=cfg.epochs,
-                                   init_std=cfg.init_std, seed=cfg.seed)
+                    fit = fit_adam(
+                        values[train],
+                        Y[train],
+                        rank,
+                        lr=cfg.lr,
+                        epochs=cfg.epochs,
+                        init_std=cfg.init_std,
+                        seed=cfg.seed,
+                    )
                 fits[fit_name][name] = fit
-                metrics[fit_name][name] = {**fit_metrics(fit, values[test], Y[test]),
-                                           "train_mse": fit_metrics(fit, values[train], Y[train])["mse"]}
+                metrics[fit_name][name] = {
+                    **fit_metrics(fit, values[test], Y[test]),
+                    "train_mse": fit_metrics(fit, values[train], Y[train])["mse"],
+                }
         logger.info("source layer %d: %d channels fitted", source, len(responses))
     overlaps, summary = {}, {}
     for fit_name in cfg.fits:
@@ -287,8 +305,82 @@ def channel_analysis(
             ol[i, j] = ol[j, i] = subspace_overlap(bases[i], bases[j])
         overlaps[fit_name] = ol.tolist()
         summary[fit_name] = _pair_summary(ol, names, dests, modules, cfg, rank, d)
-    return ChannelAnalysis(channels=names, sources=sources, destinations=dests, modules=modules, rank=rank,
-                           metrics=metrics, overlaps=overlaps, summary=summary, config=dict(cfg.__dict__))
+    return ChannelAnalysis(
+        channels=names,
+        sources=sources,
+        destinations=dests,
+        modules=modules,
+        rank=rank,
+        metrics=metrics,
+        overlaps=overlaps,
+        summary=summary,
+        config=dict(cfg.__dict__),
+    )
+
+
+@dataclass
+class SubspaceChannelsConfig(ChannelConfig):
+    """Options of :func:`subspace_channels`: those of :class:`ChannelConfig` plus
+
+    Attributes:
+        operator_layers: blocks whose module operators are computed (None: the first source layer + 1 .. L − 1).
+        skip_positions / chunk / cache_dir: the operator engine's options (operators kept in ``cache_dir`` and
+            reused for the same corpus and blocks).
+    """
+
+    operator_layers: tuple[int, ...] | None = None
+    skip_positions: int = 0
+    chunk: int = 64
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.operator_layers is not None:
+            self.operator_layers = tuple(int(k) for k in self.operator_layers)
+            if not self.operator_layers:
+                raise ValueError("operator_layers must name at least one block (or be None for all downstream).")
+
+
+def subspace_channels(
+    model: HookedTransformer,
+    dictionaries: Mapping[int, Any],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    cfg: SubspaceChannelsConfig | None = None,
+    **overrides: Any,
+) -> ChannelAnalysis:
+    """The channels protocol: value vectors of each source layer's dictionary, module operators of the downstream
+    blocks on ``tokens``, then :func:`channel_analysis`.
+
+    Args:
+        model: the clean model.
+        dictionaries: source layer l → dictionary (anything :func:`~tl_query_lens.as_key_value` takes) whose values
+            are written at layer l (FF-KV of layer l, a transcoder or SAE writing there).
+        tokens: corpus of the module operators (train split).
+        cfg / overrides: :class:`SubspaceChannelsConfig` (keyword overrides replace single fields).
+    """
+    from tl_query_lens.dictionaries.key_value import as_key_value
+    from tl_query_lens.operators import module_operators
+
+    cfg = resolve_config(SubspaceChannelsConfig, cfg, overrides)
+    if not dictionaries:
+        raise ValueError("dictionaries is empty; pass {source layer: dictionary} for at least one layer.")
+    values = {}
+    for source, dictionary in dictionaries.items():
+        view = as_key_value(dictionary, model)
+        written = hook_layer(view.write_hook)
+        if written != source:
+            raise ValueError(
+                f"The dictionary given for source layer {source} writes at {view.write_hook} (layer {written}); "
+                f"key it by {written}."
+            )
+        values[source] = view.values
+    n_layers = model.cfg.n_layers
+    layers = cfg.operator_layers or tuple(range(min(values) + 1, n_layers))
+    operators = module_operators(
+        model, tokens, layers, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
+    )
+    return channel_analysis(values, {name: operators[name] for name in operators}, n_layers=n_layers, cfg=cfg)
 
 
 def _layer_of(module: str) -> int:

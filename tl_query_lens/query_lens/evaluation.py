@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import (
     MaxActivations,
     input_scores,
@@ -98,6 +100,20 @@ class EvaluationConfig:
             logger.warning("n_contexts=%d is below the paper's N ≥ 20.", self.n_contexts)
 
 
+# SignatureEvaluation's tensor fields and their feature axis (joined by concat, indexed by select).
+_FEATURE_AXIS = {
+    "features": 0,
+    "layers": 0,
+    "input_scores": 1,
+    "output_scores": 2,
+    "alphas": 1,
+    "search_kl": 1,
+    "achieved_kl": 1,
+    "steered_top": 1,
+    "signature_ids": 1,
+}
+
+
 @dataclass
 class SignatureEvaluation(SavableResult):
     """Per-feature input / output scores of every method (fractions in [0, 1]).
@@ -114,6 +130,8 @@ class SignatureEvaluation(SavableResult):
         steered_top: ``[n_targets, n, n_steered]`` the steering top tokens S.
         signature_ids: ``[n_methods, n, k]`` the scored token sets T (rows padded with -1 if methods differ in k).
         config: the protocol settings.
+        dictionaries: label of each feature's dictionary (set by :func:`~tl_query_lens.query_lens.table1.
+            evaluate_table1`; empty when unknown).
     """
 
     methods: list[str]
@@ -128,6 +146,7 @@ class SignatureEvaluation(SavableResult):
     steered_top: Int[torch.Tensor, "n_targets n n_steered"]
     signature_ids: Int[torch.Tensor, "n_methods n k"]
     config: dict = field(default_factory=dict)
+    dictionaries: list[str] = field(default_factory=list)
 
     @classmethod
     def concat(cls, results: Sequence[SignatureEvaluation]) -> SignatureEvaluation:
@@ -136,10 +155,37 @@ class SignatureEvaluation(SavableResult):
         for r in results[1:]:
             if r.methods != first.methods or list(r.kl_targets) != list(first.kl_targets):
                 raise ValueError("Only evaluations with the same methods and KL targets can be joined.")
-        cat = lambda name, dim: torch.cat([getattr(r, name) for r in results], dim=dim)
-        return cls(first.methods, cat("features", 0), cat("layers", 0), list(first.kl_targets),
-                   cat("input_scores", 1), cat("output_scores", 2), cat("alphas", 1), cat("search_kl", 1),
-                   cat("achieved_kl", 1), cat("steered_top", 1), cat("signature_ids", 1), dict(first.config))
+        labelled = all(len(r.dictionaries) == r.features.numel() for r in results)
+        return cls(
+            methods=first.methods,
+            kl_targets=list(first.kl_targets),
+            config=dict(first.config),
+            dictionaries=[label for r in results for label in r.dictionaries] if labelled else [],
+            **{name: torch.cat([getattr(r, name) for r in results], dim=dim) for name, dim in _FEATURE_AXIS.items()},
+        )
+
+    def select(self, dictionaries: Sequence[str]) -> SignatureEvaluation:
+        """The features whose dictionary label is in ``dictionaries`` (e.g. the FF-KV rows apart from the SAE rows).
+
+        Raises:
+            UnknownNameError: a label that no feature carries (the message lists the labels present).
+        """
+        from tl_query_lens.errors import UnknownNameError
+
+        wanted = set(dictionaries)
+        if not wanted or wanted - set(self.dictionaries):
+            raise UnknownNameError(
+                f"No features of {sorted(wanted - set(self.dictionaries)) or 'no labels'}; labels present: "
+                f"{sorted(set(self.dictionaries))}."
+            )
+        keep = torch.tensor([j for j, label in enumerate(self.dictionaries) if label in wanted], dtype=torch.long)
+        return type(self)(
+            methods=list(self.methods),
+            kl_targets=list(self.kl_targets),
+            config=dict(self.config),
+            dictionaries=[self.dictionaries[j] for j in keep.tolist()],
+            **{name: getattr(self, name).index_select(dim, keep) for name, dim in _FEATURE_AXIS.items()},
+        )
 
     def summary(self, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
         """Mean scores in percent with percentile-bootstrap 95% CIs over features, one row per method."""
@@ -153,17 +199,37 @@ class SignatureEvaluation(SavableResult):
             rows.append(row)
         return rows
 
+    def per_feature_table(self) -> tuple[list[str], list[list]]:
+        """``(columns, rows)``: one row per feature with α, achieved KL and every method's scores."""
+        targets = [f"{t:g}" for t in self.kl_targets]
+        labels = self.dictionaries if len(self.dictionaries) == self.features.numel() else None
+        columns = ["dictionary"] * (labels is not None) + ["layer", "feature"]
+        columns += [f"alpha@{t}" for t in targets] + [f"kl@{t}" for t in targets]
+        for m in self.methods:
+            columns += [f"{m}_input"] + [f"{m}_output@{t}" for t in targets]
+        rows = []
+        for j in range(self.features.numel()):
+            row = [labels[j]] * (labels is not None) + [int(self.layers[j]), int(self.features[j])]
+            row += [float(self.alphas[t, j]) for t in range(len(targets))]
+            row += [float(self.achieved_kl[t, j]) for t in range(len(targets))]
+            for m in range(len(self.methods)):
+                row += [float(self.input_scores[m, j])]
+                row += [float(self.output_scores[m, t, j]) for t in range(len(targets))]
+            rows.append(row)
+        return columns, rows
 
-def bootstrap_indices(n: int, *, n_boot: int = 2000, seed: int = 0) -> torch.Tensor:
-    """``[n_boot, n]`` resampling indices over features (shared by methods, so their CIs are paired)."""
-    return torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
-
-
-def mean_ci(name: str, scores: torch.Tensor, idx: torch.Tensor) -> dict[str, float]:
-    """Mean of ``scores`` in percent and its percentile-bootstrap 95% CI over the resamples ``idx``."""
-    boot = scores.double()[idx].mean(1)
-    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.double)).tolist()
-    return {f"{name}": 100 * scores.double().mean().item(), f"{name}_lo": 100 * lo, f"{name}_hi": 100 * hi}
+    @staticmethod
+    def format_summary(rows: list[dict], paper: Mapping[str, tuple[float, float]] | None = None) -> str:
+        """Markdown table of :meth:`summary` rows: mean [95% CI] in percent per method (``paper`` numbers beside)."""
+        paper = paper or {}
+        outs = [k for k in rows[0] if k.startswith("output@") and not k.endswith(("_lo", "_hi"))]
+        head = "| method | Input % | " + " | ".join(f"Output % (KL {k[7:]})" for k in outs) + " | paper Input/Output |"
+        lines = [head, "|" + "---|" * (3 + len(outs))]
+        for r in rows:
+            cells = [f"{r[key]:.2f} [{r[key + '_lo']:.2f}, {r[key + '_hi']:.2f}]" for key in ("input", *outs)]
+            ref = paper.get(r["method"])
+            lines.append(f"| {r['method']} | " + " | ".join(cells) + f" | {f'{ref[0]} / {ref[1]}' if ref else '—'} |")
+        return "\n".join(lines)
 
 
 @torch.no_grad()
@@ -223,8 +289,9 @@ def kl_matched_alphas(
             break
         hi[todo] *= growth
     if len(todo):
-        logger.warning("%d (feature, target) pairs never reached their KL target; α capped at %s", len(todo),
-                       hi[todo].tolist()[:5])
+        logger.warning(
+            "%d (feature, target) pairs never reached their KL target; α capped at %s", len(todo), hi[todo].tolist()[:5]
+        )
     rows = torch.arange(n * n_t)
     for _ in tqdm(range(n_steps), desc="α bisection", leave=False):
         mid = (lo + hi) / 2
@@ -254,8 +321,17 @@ def steering_top_tokens(
     Each prompt is continued by sampling with feature i clamped to α_i on prompt and generated positions; the rise is
     pct_steered − pct_clean, both teacher-forced on those same tokens, averaged over positions and prompts.
     """
-    rise, kl = steering_rise(model, as_key_value(dictionary, model), features, alphas, prompts,
-                             n_generate=n_generate, temperature=temperature, seed=seed, positions="all")
+    rise, kl = steering_rise(
+        model,
+        as_key_value(dictionary, model),
+        features,
+        alphas,
+        prompts,
+        n_generate=n_generate,
+        temperature=temperature,
+        seed=seed,
+        positions="all",
+    )
     return rise.topk(n_steered, dim=-1).indices, kl
 
 
@@ -269,7 +345,8 @@ def evaluate_signatures(
     contexts: MaxActivations | None = None,
     tokenizer=None,
     prompt_tokens: Sequence[torch.Tensor] | None = None,
-    **options,
+    cfg: EvaluationConfig | None = None,
+    **overrides: Any,
 ) -> SignatureEvaluation:
     """Table-1 input and output scores of token signatures of one dictionary's features (DESIGN §5).
 
@@ -279,12 +356,13 @@ def evaluate_signatures(
         tokens: corpus searched for max-activating contexts (each row is one context).
         methods: name → ``[n_features, k]`` top token ids of the features, in ``features`` order (any method).
         features: feature ids.
-        contexts: max-activating contexts computed earlier (else computed and cached per dictionary and corpus).
+        contexts: max-activating contexts computed earlier (else computed here).
         tokenizer: decodes ids for the input score (default ``model.tokenizer``).
         prompt_tokens: neutral prompts as token ids (default: ``cfg.prompts`` tokenised by the model).
-        **options: :class:`EvaluationConfig` fields (n_contexts, kl_targets, n_generate, temperature, seed, ...).
+        cfg / overrides: an :class:`EvaluationConfig`; keyword overrides (n_contexts, kl_targets, n_generate,
+            temperature, seed, ...) replace single fields.
     """
-    cfg = EvaluationConfig(**options)
+    cfg = resolve_config(EvaluationConfig, cfg, overrides)
     view = as_key_value(dictionary, model)
     features = view.feature_ids(features)
     methods = _check_methods(methods, len(features), model.cfg.d_vocab)
@@ -297,24 +375,48 @@ def evaluate_signatures(
         prompt_tokens = [model.to_tokens(p, prepend_bos=model.cfg.default_prepend_bos)[0] for p in cfg.prompts]
     prompts = [torch.as_tensor(p).reshape(-1).cpu() for p in prompt_tokens]
     gen = torch.Generator().manual_seed(cfg.seed)
-    clean_text = [sample_continuations(model, p, 1, n_generate=cfg.n_generate, temperature=cfg.temperature,
-                                       generator=gen)[0].cpu() for p in prompts]
+    clean_text = [
+        sample_continuations(model, p, 1, n_generate=cfg.n_generate, temperature=cfg.temperature, generator=gen)[
+            0
+        ].cpu()
+        for p in prompts
+    ]
     if "ZO" in cfg.baselines:
         methods["ZO"] = zero_ablation_signatures(model, view, features, contexts, tokens, k=_k(methods))
     if "TC" in cfg.baselines:
         methods["TC"] = clamp_signatures(model, view, features, clean_text, values=cfg.tc_values, k=_k(methods))
-    logger.info("layer %s: α search for %d features, targets %s (%s protocol)", view.layer, len(features),
-                cfg.kl_targets, cfg.protocol)
+    logger.info(
+        "layer %s: α search for %d features, targets %s (%s protocol)",
+        view.layer,
+        len(features),
+        cfg.kl_targets,
+        cfg.protocol,
+    )
     if cfg.protocol == "paper":
         steered, achieved, alphas, search_kl = _paper_steering(model, view, features, prompts, cfg, _k(methods))
     else:
-        alphas, search_kl = kl_matched_alphas(model, view, features, clean_text, cfg.kl_targets,
-                                              init=contexts.activation[features, 0], n_steps=cfg.n_steps)
+        alphas, search_kl = kl_matched_alphas(
+            model,
+            view,
+            features,
+            clean_text,
+            cfg.kl_targets,
+            init=contexts.activation[features, 0],
+            n_steps=cfg.n_steps,
+        )
         steered, achieved = [], []
         for t in range(len(cfg.kl_targets)):
-            top, kl = steering_top_tokens(model, view, features, alphas[t], prompts, n_generate=cfg.n_generate,
-                                          temperature=cfg.temperature, seed=cfg.seed + 1 + t,
-                                          n_steered=cfg.n_steered)
+            top, kl = steering_top_tokens(
+                model,
+                view,
+                features,
+                alphas[t],
+                prompts,
+                n_generate=cfg.n_generate,
+                temperature=cfg.temperature,
+                seed=cfg.seed + 1 + t,
+                n_steered=cfg.n_steered,
+            )
             steered.append(top)
             achieved.append(kl)
     names = list(methods)
@@ -342,8 +444,17 @@ def _paper_steering(model, view, features, prompts, cfg: EvaluationConfig, k: in
     alphas, search_kl = integer_alphas(model, view, features, prompts, cfg.kl_targets)
     rises, achieved = [], []
     for t in range(len(cfg.kl_targets)):
-        rise, kl = steering_rise(model, view, features, alphas[t].float(), prompts, n_generate=cfg.n_generate,
-                                 temperature=cfg.temperature, seed=cfg.seed + 1 + t, positions="generated")
+        rise, kl = steering_rise(
+            model,
+            view,
+            features,
+            alphas[t].float(),
+            prompts,
+            n_generate=cfg.n_generate,
+            temperature=cfg.temperature,
+            seed=cfg.seed + 1 + t,
+            positions="generated",
+        )
         rises.append(rise)
         achieved.append(kl)
     shared = torch.stack(rises).mean(0).topk(k, dim=-1).indices  # |S| = |T|, as in the authors' code

@@ -28,7 +28,7 @@ tokens; shares sum to 1 and may be negative (a module that works against the sig
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 import torch
@@ -39,9 +39,9 @@ from transformer_lens.components import LayerNorm, LayerNormPre
 
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
+from tl_query_lens.errors import check_outputs
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
-from tl_query_lens.errors import check_outputs
 from tl_query_lens.operators.engine import basis_fingerprint, check_tokens
 from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
@@ -50,6 +50,14 @@ logger = logging.getLogger(__name__)
 
 ValueMethod = Literal["full", "first_order", "logit_lens"]
 KeyMethod = Literal["full", "logit_lens"]
+# The method set of the paper's Table 1: name → (side, method).
+SIGNATURE_METHODS: dict[str, tuple[str, str]] = {
+    "LL_KEY": ("key", "logit_lens"),
+    "LL_VALUE": ("value", "logit_lens"),
+    "QL_KEY": ("key", "full"),
+    "QL_VALUE": ("value", "full"),
+    "QL_VALUE_1st": ("value", "first_order"),
+}
 Basis = Literal["auto", "identity", "features"]
 _BASES = ("auto", "identity", "features")
 
@@ -60,8 +68,11 @@ def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
     suffix = value_hook.rsplit(".", 1)[-1]
     if layer is None or suffix not in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
         raise ValueError(f"Value hooks are residual hooks blocks.l.hook_resid_pre/mid/post, not {value_hook!r}.")
-    modules = {"hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
-               "hook_resid_mid": [f"blocks.{layer}.mlp"], "hook_resid_post": []}[suffix]
+    modules = {
+        "hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
+        "hook_resid_mid": [f"blocks.{layer}.mlp"],
+        "hook_resid_post": [],
+    }[suffix]
     return modules + [f"blocks.{k}.{m}" for k in range(layer + 1, n_layers) for m in ("attn", "mlp")]
 
 
@@ -84,9 +95,20 @@ class QueryLens:
             the same chain of blocks, so the estimate compares n × chain with d × chain. Overridable per call.
     """
 
-    def __init__(self, model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], *, skip_positions: int = 0,
-                 chunk: int = 64, batch_size: int = 8, feature_chunk: int = 256, cache_dir=None,
-                 progress: bool = True, basis: Basis = "auto", max_memory_gb: float | None = None) -> None:
+    def __init__(
+        self,
+        model: HookedTransformer,
+        tokens: Int[torch.Tensor, "batch pos"],
+        *,
+        skip_positions: int = 0,
+        chunk: int = 64,
+        batch_size: int = 8,
+        feature_chunk: int = 256,
+        cache_dir=None,
+        progress: bool = True,
+        basis: Basis = "auto",
+        max_memory_gb: float | None = None,
+    ) -> None:
         if feature_chunk < 1:
             raise ValueError(f"feature_chunk must be ≥ 1, got {feature_chunk}.")
         if basis not in _BASES:
@@ -96,8 +118,14 @@ class QueryLens:
         self.tokens = check_tokens(model, tokens, skip_positions)
         self.skip_positions = skip_positions
         self.feature_chunk = feature_chunk
-        self._engine = {"skip_positions": skip_positions, "chunk": chunk, "batch_size": batch_size, "cache_dir": cache_dir,
-                        "progress": progress, "max_memory_gb": max_memory_gb}
+        self._engine = {
+            "skip_positions": skip_positions,
+            "chunk": chunk,
+            "batch_size": batch_size,
+            "cache_dir": cache_dir,
+            "progress": progress,
+            "max_memory_gb": max_memory_gb,
+        }
         self._pushed: dict[tuple[str, str, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
         self._value: dict[str, torch.Tensor] = {}
         self._key: dict[str, torch.Tensor] = {}
@@ -106,9 +134,33 @@ class QueryLens:
         self.n_tokens = int(self.tokens[:, skip_positions:].numel())
 
     # ----- operators ----------------------------------------------------------------------------------------------
-    def precompute(self, *, value_hooks: Sequence[str] = (), key_hooks: Sequence[str] = (),
-                   module_layers: Sequence[int] = ()) -> None:
-        """Compute every missing operator of the given kinds, one engine sweep per kind."""
+    def precompute(
+        self,
+        dictionaries: Sequence[Any] = (),
+        *,
+        value_methods: Collection[str] = ("full",),
+        key_methods: Collection[str] = ("full",),
+        value_hooks: Sequence[str] = (),
+        key_hooks: Sequence[str] = (),
+        module_layers: Sequence[int] = (),
+    ) -> None:
+        """Compute every missing operator the given dictionaries (and/or hooks) need, one engine sweep per kind.
+
+        Args:
+            dictionaries: anything :func:`~tl_query_lens.as_key_value` accepts; their hooks decide the operators.
+            value_methods / key_methods: the signature methods that will be asked for (``"logit_lens"`` needs no
+                operator, ``"full"`` the value / key operator, ``"first_order"`` the downstream module operators).
+            value_hooks / key_hooks / module_layers: operators by hook name / block, for dictionaries-free use.
+        """
+        value_hooks, key_hooks, module_layers = list(value_hooks), list(key_hooks), list(module_layers)
+        for dictionary in dictionaries:
+            view = as_key_value(dictionary, self.model)
+            if "full" in value_methods:
+                value_hooks.append(view.value_hook)
+            if "first_order" in value_methods:
+                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]
+            if "full" in key_methods:
+                key_hooks.append(view.read_hook)
         missing = [h for h in dict.fromkeys(value_hooks) if h not in self._value]
         if missing:
             self._store(self._value, value_operators(self.model, self.tokens, missing, **self._engine))
@@ -143,20 +195,27 @@ class QueryLens:
     def corpus_center(self) -> Float[torch.Tensor, " d_model"]:
         """Mean token embedding c over the valid corpus tokens (QL_KEY)."""
         W_E = self.model.W_E
-        return W_E[self.tokens[:, self.skip_positions:].reshape(-1).to(W_E.device)].float().mean(0)
+        return W_E[self.tokens[:, self.skip_positions :].reshape(-1).to(W_E.device)].float().mean(0)
 
     # ----- signatures ---------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def value_directions(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                         method: ValueMethod = "full", basis: Basis | None = None) -> Float[torch.Tensor, "n d_model"]:
+    def value_directions(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        method: ValueMethod = "full",
+        basis: Basis | None = None,
+    ) -> Float[torch.Tensor, "n d_model"]:
         """Each feature's residual direction before LN_f — ``M_l v`` (full), ``v + Σ_m J̄_m v`` (first_order) or ``v``
         (logit_lens) — fp32, on the model's device."""
         view, ids = self._view(dictionary, features, 1)
         return self._value_terms(view, ids, method, basis)[0]
 
     @torch.no_grad()
-    def key_gradients(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                      basis: Basis | None = None) -> Float[torch.Tensor, "n d_model"]:
+    def key_gradients(
+        self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *, basis: Basis | None = None
+    ) -> Float[torch.Tensor, "n d_model"]:
         """``ḡ = N_lᵀ k`` of each feature (QL_KEY before the embedding readout), fp32, on the model's device."""
         view, ids = self._view(dictionary, features, 1)
         keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
@@ -169,15 +228,31 @@ class QueryLens:
         return gradients
 
     @torch.no_grad()
-    def value_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                         k: int = 25, method: ValueMethod = "full", basis: Basis | None = None) -> Signatures:
+    def value_signatures(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        k: int = 25,
+        method: ValueMethod = "full",
+        basis: Basis | None = None,
+    ) -> Signatures:
         """What each feature promotes: top/bottom-k tokens of its value signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
         raw, terms, names = self._value_terms(view, ids, method, basis)
         directions = self._final_norm(raw)
         check_operator(directions, "value directions")
-        result = self._rank(directions, ids, view, side="value", method=method, k=k, readout="unembed",
-                            add_bias=method == "full", center=None)
+        result = self._rank(
+            directions,
+            ids,
+            view,
+            side="value",
+            method=method,
+            k=k,
+            readout="unembed",
+            add_bias=method == "full",
+            center=None,
+        )
         if terms is not None:
             result.module_names = names
             result.module_contributions = self._contributions(raw, terms, result.top_ids).cpu()
@@ -185,23 +260,69 @@ class QueryLens:
         return check_outputs(result, "value_signatures", hint=OPERATOR_HINT)
 
     @torch.no_grad()
-    def key_signatures(self, dictionary: Any, features: int | Sequence[int] | torch.Tensor | None = None, *,
-                       k: int = 25, method: KeyMethod = "full", basis: Basis | None = None) -> Signatures:
+    def key_signatures(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        k: int = 25,
+        method: KeyMethod = "full",
+        basis: Basis | None = None,
+    ) -> Signatures:
         """What activates each feature: top/bottom-k tokens of its key signature (DESIGN §5)."""
         view, ids = self._view(dictionary, features, k)
         if method == "logit_lens":
             keys = view.keys[ids].to(self.model.cfg.device, torch.float32)
             if view.d_in != self.model.cfg.d_model:
-                raise ValueError(f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
-                                 f"{view.read_hook} has width {view.d_in}. Use method='full'.")
-            return check_outputs(self._rank(keys, ids, view, side="key", method=method, k=k, readout="embed",
-                                            add_bias=False, center=None), "key_signatures", hint=OPERATOR_HINT)
+                raise ValueError(
+                    f"LL_KEY (E·k) needs keys in the residual basis (d_model={self.model.cfg.d_model}); "
+                    f"{view.read_hook} has width {view.d_in}. Use method='full'."
+                )
+            return check_outputs(
+                self._rank(
+                    keys, ids, view, side="key", method=method, k=k, readout="embed", add_bias=False, center=None
+                ),
+                "key_signatures",
+                hint=OPERATOR_HINT,
+            )
         if method != "full":
             raise ValueError(f"method must be 'full' or 'logit_lens', not {method!r}.")
         gradients = self.key_gradients(view, ids, basis=basis)  # ḡ = N_lᵀ k, one row per feature
-        return check_outputs(self._rank(gradients, ids, view, side="key", method=method, k=k,
-                                        readout="embed_centred", add_bias=False, center=self.corpus_center()),
-                             "key_signatures", hint=OPERATOR_HINT)
+        return check_outputs(
+            self._rank(
+                gradients,
+                ids,
+                view,
+                side="key",
+                method=method,
+                k=k,
+                readout="embed_centred",
+                add_bias=False,
+                center=self.corpus_center(),
+            ),
+            "key_signatures",
+            hint=OPERATOR_HINT,
+        )
+
+    def signature_set(
+        self,
+        dictionary: Any,
+        features: int | Sequence[int] | torch.Tensor | None = None,
+        *,
+        k: int = 25,
+        methods: Sequence[str] = tuple(SIGNATURE_METHODS),
+    ) -> dict[str, Signatures]:
+        """Signatures of the same features by several methods, named as in the paper's Table 1 (``LL_KEY``,
+        ``LL_VALUE``, ``QL_KEY``, ``QL_VALUE``, ``QL_VALUE_1st``; see :data:`SIGNATURE_METHODS`)."""
+        unknown = [m for m in methods if m not in SIGNATURE_METHODS]
+        if unknown:
+            raise ValueError(f"Unknown signature methods {unknown}; choose from {list(SIGNATURE_METHODS)}.")
+        out = {}
+        for name in methods:
+            side, method = SIGNATURE_METHODS[name]
+            signatures = self.value_signatures if side == "value" else self.key_signatures
+            out[name] = signatures(dictionary, features, k=k, method=method)  # type: ignore[arg-type]
+        return out
 
     # ----- internals ----------------------------------------------------------------------------------------------
     def _view(self, dictionary: Any, features, k: int) -> tuple[KeyValueView, torch.Tensor]:
@@ -227,11 +348,13 @@ class QueryLens:
         key = (kind, hook, basis_fingerprint(directions))
         if key not in self._pushed:
             if kind == "value":
-                self._pushed[key] = value_operators(self.model, self.tokens, [hook], basis=directions,
-                                                    **self._engine)[hook].T
+                self._pushed[key] = value_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
+                    hook
+                ].T
             elif kind == "key":
-                self._pushed[key] = key_operators(self.model, self.tokens, [hook], basis=directions,
-                                                  **self._engine)[hook]
+                self._pushed[key] = key_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
+                    hook
+                ]
             else:
                 layers = [int(k) for k in hook.split(",")]
                 ops = module_operators(self.model, self.tokens, layers, basis=directions, **self._engine)
@@ -240,13 +363,16 @@ class QueryLens:
                 self._pushed[key] = directions
         return self._pushed[key]
 
-    def _value_terms(self, view: KeyValueView, ids: torch.Tensor, method: str, basis: Basis | None = None
-                     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
+    def _value_terms(
+        self, view: KeyValueView, ids: torch.Tensor, method: str, basis: Basis | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
         """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device."""
         if not view.fixed_values:
-            raise ValueError(f"The values of this dictionary pass through a per-token norm before {view.write_hook} "
-                             "(FF-KV of a block with a post-MLP norm, e.g. Gemma-2), so they have no fixed residual "
-                             "direction for value signatures; key signatures work, or use an SAE on hook_mlp_out.")
+            raise ValueError(
+                f"The values of this dictionary pass through a per-token norm before {view.write_hook} "
+                "(FF-KV of a block with a post-MLP norm, e.g. Gemma-2), so they have no fixed residual "
+                "direction for value signatures; key signatures work, or use an SAE on hook_mlp_out."
+            )
         values = view.values[ids].to(self.model.cfg.device, torch.float32)
         hook = view.value_hook
         if method == "logit_lens":
@@ -283,8 +409,9 @@ class QueryLens:
         weight = torch.ones(raw.shape[-1], device=raw.device) if weight is None else weight.detach().float()
         return inv_scale, weight, centre
 
-    def _contributions(self, raw: torch.Tensor, terms: list[torch.Tensor],
-                       top_ids: torch.Tensor) -> Float[torch.Tensor, "n n_terms"]:
+    def _contributions(
+        self, raw: torch.Tensor, terms: list[torch.Tensor], top_ids: torch.Tensor
+    ) -> Float[torch.Tensor, "n n_terms"]:
         """Each term's logit contribution ``W_U[:, t]·(w ⊙ P(c)/σ(u))`` summed over the feature's top-k tokens."""
         inv_scale, weight, centre = self._norm_parts(raw)
         W_U = self.model.W_U.float()
@@ -293,14 +420,28 @@ class QueryLens:
         for term in terms:
             term = term - term.mean(-1, keepdim=True) if centre else term
             linear = term * inv_scale * weight  # w ⊙ P(c)/σ(u)
-            picked = [torch.einsum("nd,dnk->n", linear[s: s + self.feature_chunk],
-                                   W_U[:, top_ids[s: s + self.feature_chunk]])  # Σ over top-k of W_U[:, t]·linear
-                      for s in range(0, len(top_ids), self.feature_chunk)]
+            picked = [
+                torch.einsum(
+                    "nd,dnk->n", linear[s : s + self.feature_chunk], W_U[:, top_ids[s : s + self.feature_chunk]]
+                )  # Σ over top-k of W_U[:, t]·linear
+                for s in range(0, len(top_ids), self.feature_chunk)
+            ]
             contributions.append(torch.cat(picked))
         return torch.stack(contributions, dim=1)
 
-    def _rank(self, directions: torch.Tensor, ids: torch.Tensor, view: KeyValueView, *, side: str, method: str,
-              k: int, readout: str, add_bias: bool, center: torch.Tensor | None) -> Signatures:
+    def _rank(
+        self,
+        directions: torch.Tensor,
+        ids: torch.Tensor,
+        view: KeyValueView,
+        *,
+        side: str,
+        method: str,
+        k: int,
+        readout: str,
+        add_bias: bool,
+        center: torch.Tensor | None,
+    ) -> Signatures:
         """Top/bottom-k of every direction's vocabulary scores, chunked over features (never F × V at once)."""
         model = self.model
         basis = None
@@ -309,7 +450,7 @@ class QueryLens:
         tops, top_scores, bottoms, bottom_scores = [], [], [], []
         starts = range(0, len(ids), self.feature_chunk)
         for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self._engine["progress"]):
-            chunk = directions[start: start + self.feature_chunk]
+            chunk = directions[start : start + self.feature_chunk]
             if basis is not None:
                 scores = chunk.to(basis) @ basis.T
             else:
@@ -322,12 +463,23 @@ class QueryLens:
             bottom_scores.append(low.values.float())
         top_ids, bottom_ids = torch.cat(tops).cpu(), torch.cat(bottoms).cpu()
         result = Signatures(
-            side=side, method=method, hook=view.value_hook if side == "value" else view.read_hook,
-            feature_ids=ids.clone(), top_ids=top_ids, top_scores=torch.cat(top_scores).cpu(),
-            bottom_ids=bottom_ids, bottom_scores=torch.cat(bottom_scores).cpu(), directions=directions.float().cpu(),
-            readout=readout, add_bias=add_bias, center=None if center is None else center.float().cpu(),
-            top_strings=self._strings(top_ids), bottom_strings=self._strings(bottom_ids),
-            model_name=str(model.cfg.model_name), corpus_fingerprint=self.fingerprint, n_tokens=self.n_tokens,
+            side=side,
+            method=method,
+            hook=view.value_hook if side == "value" else view.read_hook,
+            feature_ids=ids.clone(),
+            top_ids=top_ids,
+            top_scores=torch.cat(top_scores).cpu(),
+            bottom_ids=bottom_ids,
+            bottom_scores=torch.cat(bottom_scores).cpu(),
+            directions=directions.float().cpu(),
+            readout=readout,
+            add_bias=add_bias,
+            center=None if center is None else center.float().cpu(),
+            top_strings=self._strings(top_ids),
+            bottom_strings=self._strings(bottom_ids),
+            model_name=str(model.cfg.model_name),
+            corpus_fingerprint=self.fingerprint,
+            n_tokens=self.n_tokens,
             skip_positions=self.skip_positions,
         )
         return result.attach(model)
@@ -338,4 +490,4 @@ class QueryLens:
             return None
         flat = tokenizer.batch_decode([[i] for i in ids.reshape(-1).tolist()])
         width = ids.shape[1]
-        return [flat[r * width: (r + 1) * width] for r in range(ids.shape[0])]
+        return [flat[r * width : (r + 1) * width] for r in range(ids.shape[0])]

@@ -8,7 +8,7 @@ tokens of the N most-activating contexts whose normalised string is among T's no
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float, Int
@@ -18,14 +18,12 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.hooks import hook_layer
+from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
 _SPACE_MARKERS = " \u0120\u2581\t\n"  # space, GPT-2 'Ġ', SentencePiece '▁', whitespace
-
-# One cache per process: (read hook, dictionary storage, corpus fingerprint, n_contexts) → MaxActivations.
-_CACHE: dict[tuple, MaxActivations] = {}
 
 
 def normalise_token(text: str) -> str:
@@ -49,6 +47,8 @@ class MaxActivations(SavableResult):
         activation: ``[d_sae, n_contexts]`` the feature's activation there.
         read_hook: hook the dictionary reads.
         corpus_fingerprint: fingerprint of the token corpus searched.
+        n_active: ``[d_sae]`` corpus sequences in which the feature's activation exceeds 0 somewhere (empty when
+            loaded from a result saved before this field existed).
     """
 
     seq: Int[torch.Tensor, "d_sae n_contexts"]
@@ -57,6 +57,7 @@ class MaxActivations(SavableResult):
     activation: Float[torch.Tensor, "d_sae n_contexts"]
     read_hook: str
     corpus_fingerprint: str
+    n_active: Int[torch.Tensor, " d_sae"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     @property
     def n_contexts(self) -> int:
@@ -71,12 +72,12 @@ def max_activating_contexts(
     *,
     n_contexts: int = 20,
     batch_size: int = 16,
-    use_cache: bool = True,
+    exclude_first_positions: int = 0,
 ) -> MaxActivations:
     """Top-``n_contexts`` corpus sequences of every feature by its maximum activation over positions.
 
-    One pass over ``tokens`` serves all features of the dictionary (a running per-sequence max ``[n_seqs, d_sae]``),
-    and the result is cached per (dictionary, corpus) for the process.
+    One pass over ``tokens`` serves all features of the dictionary (a running per-sequence max ``[n_seqs, d_sae]``).
+    Nothing is cached: keep the result (it saves and loads) and pass it on as ``contexts=``.
 
     Args:
         model: the model the dictionary belongs to.
@@ -84,7 +85,9 @@ def max_activating_contexts(
         tokens: corpus sequences; each row is one context.
         n_contexts: N, contexts kept per feature (the paper uses N ≥ 20).
         batch_size: sequences per forward pass.
-        use_cache: reuse an earlier result for the same dictionary and corpus.
+        exclude_first_positions: leading positions of every sequence left out of the search (and of ``n_active``):
+            a residual SAE trained without position 0 (the attention sink, as SAEBench leaves out BOS) fires there
+            on directions it never learnt, and such a context would say nothing about the feature.
     """
     view = as_key_value(dictionary, model)
     if tokens.ndim != 2 or tokens.shape[0] < n_contexts:
@@ -92,12 +95,13 @@ def max_activating_contexts(
             f"Need a [n_seqs, seq_len] corpus with at least n_contexts={n_contexts} rows, got shape "
             f"{tuple(tokens.shape)}; load more sequences with load_corpus(..., n_seqs=...)."
         )
+    if not 0 <= exclude_first_positions < tokens.shape[1]:
+        raise ValueError(
+            f"exclude_first_positions={exclude_first_positions} must lie in 0..{tokens.shape[1] - 1} for sequences "
+            f"of {tokens.shape[1]} tokens."
+        )
     fingerprint = corpus_fingerprint(tokens)
-    key = (view.read_hook, view.values.data_ptr(), tuple(view.values.shape), fingerprint, n_contexts)
-    if use_cache and key in _CACHE:
-        return _CACHE[key]
-    layer = hook_layer(view.read_hook)
-    stop = None if layer is None or layer + 1 >= model.cfg.n_layers else layer + 1
+    stop = stop_layer([view.read_hook])
     best = torch.empty(tokens.shape[0], view.d_sae)
     where = torch.empty(tokens.shape[0], view.d_sae, dtype=torch.long)
     captured: dict[str, torch.Tensor] = {}
@@ -108,23 +112,22 @@ def max_activating_contexts(
     for start in tqdm(range(0, tokens.shape[0], batch_size), desc="max-activating contexts", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         model.run_with_hooks(batch, fwd_hooks=[(view.read_hook, grab)], stop_at_layer=stop)
-        acts = view.encode(captured.pop("x")).float().cpu()  # [b, pos, d_sae]
+        acts = view.encode(captured.pop("x")).float().cpu()[:, exclude_first_positions:]  # [b, pos, d_sae]
         value, index = acts.max(dim=1)
+        index += exclude_first_positions
         best[start : start + batch.shape[0]] = value
         where[start : start + batch.shape[0]] = index
     top_act, top_seq = best.T.topk(n_contexts, dim=1)  # [d_sae, N]
     top_pos = where.T.gather(1, top_seq)
-    result = MaxActivations(
+    return MaxActivations(
         seq=top_seq,
         pos=top_pos,
         token=tokens[top_seq, top_pos].cpu(),
         activation=top_act,
         read_hook=view.read_hook,
         corpus_fingerprint=fingerprint,
+        n_active=(best > 0).sum(dim=0),
     )
-    if use_cache:
-        _CACHE[key] = result
-    return result
 
 
 def input_scores(

@@ -46,8 +46,9 @@ def normalise_token_paper(text: str) -> str:
     return text.replace("\u2581", " ").replace("\u0120", " ").replace("\u010a", "\n")
 
 
-def input_scores_paper(tokenizer, top_tokens: Int[torch.Tensor, "n n_ctx"], signature_ids: Int[torch.Tensor, "n k"]
-                       ) -> Float[torch.Tensor, " n"]:
+def input_scores_paper(
+    tokenizer, top_tokens: Int[torch.Tensor, "n n_ctx"], signature_ids: Int[torch.Tensor, "n k"]
+) -> Float[torch.Tensor, " n"]:
     """I(T) with the authors' normalisation: share of max-activating top tokens whose string is in T."""
     if top_tokens.shape[0] != signature_ids.shape[0]:
         raise ValueError("top_tokens and signature_ids must have one row per feature, in the same order.")
@@ -136,8 +137,15 @@ def steering_rise(
     gen = torch.Generator().manual_seed(seed)
     rows = torch.arange(n)
     for prompt in prompts:
-        text = sample_continuations(model, prompt, n, n_generate=n_generate, temperature=temperature,
-                                    generator=gen, hooks=clamp_hooks(view, features, alphas))
+        text = sample_continuations(
+            model,
+            prompt,
+            n,
+            n_generate=n_generate,
+            temperature=temperature,
+            generator=gen,
+            hooks=clamp_hooks(view, features, alphas),
+        )
         run = TeacherForced(model, text, start)
         steered = run.steered_logprobs(view, features, alphas, rows)
         keep = slice(len(prompt) - 1, len(prompt) - 1 + n_generate) if positions == "generated" else slice(None)
@@ -154,7 +162,9 @@ def up_projection_key_view(view: KeyValueView, model: HookedTransformer) -> KeyV
 
     layer = hook_layer(view.read_hook)
     if layer is None or not view.activation.startswith("ffkv") or not model.cfg.gated_mlp:
-        raise ValueError(f"The up-projection key exists for FF-KV dictionaries of gated (SwiGLU) MLPs; this view "
-                         f"reads {view.read_hook} with activation {view.activation!r}. Use the dictionary's own keys.")
+        raise ValueError(
+            f"The up-projection key exists for FF-KV dictionaries of gated (SwiGLU) MLPs; this view "
+            f"reads {view.read_hook} with activation {view.activation!r}. Use the dictionary's own keys."
+        )
     W_in = model.blocks[layer].mlp.W_in.detach().float()  # [d_model, d_mlp]
     return dataclasses.replace(view, keys=W_in.T.contiguous(), read_hook=f"blocks.{layer}.hook_resid_mid")

@@ -101,8 +101,9 @@ def _final_norm(model: HookedTransformer, direction: Float[torch.Tensor, " d_mod
     return model.ln_final(direction[None, None])[0, 0]  # the final norm applied to the direction itself
 
 
-def value_direction(model: HookedTransformer, stream: list[torch.Tensor], hook: str, v: torch.Tensor,
-                    mask: torch.Tensor, method: str) -> Float[torch.Tensor, " d_model"]:
+def value_direction(
+    model: HookedTransformer, stream: list[torch.Tensor], hook: str, v: torch.Tensor, mask: torch.Tensor, method: str
+) -> Float[torch.Tensor, " d_model"]:
     """``M_l v`` (full: chained JVPs to the final residual) or ``v + Σ_k (J̄_A^k + J̄_M^k) v`` (first-order)."""
     layer, name = _parse(hook)
     if name not in _RESID:
@@ -142,8 +143,9 @@ def value_direction(model: HookedTransformer, stream: list[torch.Tensor], hook: 
     return mean(tangent)
 
 
-def key_gradient(model: HookedTransformer, stream: list[torch.Tensor], read_hook: str, key: torch.Tensor,
-                 mask: torch.Tensor) -> Float[torch.Tensor, " d_model"]:
+def key_gradient(
+    model: HookedTransformer, stream: list[torch.Tensor], read_hook: str, key: torch.Tensor, mask: torch.Tensor
+) -> Float[torch.Tensor, " d_model"]:
     """``ḡ = N_lᵀ k``: cotangent ``k`` at every valid position of the read hook, pulled back block by block to the
     token embeddings and summed over positions, divided by |T|."""
     layer, read = _read_function(model, read_hook)
@@ -156,11 +158,17 @@ def key_gradient(model: HookedTransformer, stream: list[torch.Tensor], read_hook
     return cot.sum((0, 1)) / mask.sum()  # ∂resid_pre_0/∂embed = I (positions are added, or rotary)
 
 
-def query_lens_reference(model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], dictionary: Any,
-                         feature: int, side: Literal["value", "key"] = "value", *,
-                         method: Literal["full", "first_order"] = "full",
-                         skip_positions: int = 0,
-                         clean: list[torch.Tensor] | None = None) -> Float[torch.Tensor, " d_vocab"]:
+def query_lens_reference(
+    model: HookedTransformer,
+    tokens: Int[torch.Tensor, "batch pos"],
+    dictionary: Any,
+    feature: int,
+    side: Literal["value", "key"] = "value",
+    *,
+    method: Literal["full", "first_order"] = "full",
+    skip_positions: int = 0,
+    clean: list[torch.Tensor] | None = None,
+) -> Float[torch.Tensor, " d_vocab"]:
     """Full-vocabulary Query Lens scores of ONE feature, computed per feature (DESIGN §5).
 
     value/full: ``s = W_U·LN_f(M_l v) + b_U``; value/first_order: ``s = W_U·LN_f(v + Σ_{k>l}(J̄_A^k + J̄_M^k) v)``;

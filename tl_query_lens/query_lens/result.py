@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.results import SavableResult
-
-Readout = Literal["unembed", "embed", "embed_centred"]
 
 
 @dataclass
@@ -74,8 +71,9 @@ class Signatures(SavableResult):
     def attach(self, model: HookedTransformer) -> Signatures:
         """Give a loaded result the model whose W_U / W_E :meth:`scores` needs; returns self."""
         if model.cfg.d_model != self.directions.shape[1]:
-            raise ValueError(f"Model d_model={model.cfg.d_model} does not match directions of width "
-                             f"{self.directions.shape[1]}.")
+            raise ValueError(
+                f"Model d_model={model.cfg.d_model} does not match directions of width {self.directions.shape[1]}."
+            )
         self._model = model
         return self
 
@@ -83,15 +81,23 @@ class Signatures(SavableResult):
     def scores(self, i: int) -> Float[torch.Tensor, " d_vocab"]:
         """Full-vocabulary scores of the i-th requested feature (position in ``feature_ids``, not the feature id)."""
         if not -len(self) <= i < len(self):
-            raise IndexError(f"i={i} out of range for {len(self)} features; scores(i) takes a position in "
-                             f"feature_ids (feature {int(self.feature_ids[0])} is i=0), not a feature id.")
-        return readout_scores(self._require_model(), self.directions[i: i + 1 if i != -1 else None], self.readout,
-                              self.add_bias, self.center)[0]
+            raise IndexError(
+                f"i={i} out of range for {len(self)} features; scores(i) takes a position in "
+                f"feature_ids (feature {int(self.feature_ids[0])} is i=0), not a feature id."
+            )
+        return readout_scores(
+            self._require_model(),
+            self.directions[i : i + 1 if i != -1 else None],
+            self.readout,
+            self.add_bias,
+            self.center,
+        )[0]
 
     def _require_model(self) -> HookedTransformer:
         if self._model is None:
-            raise RuntimeError("This result has no model attached (e.g. it was loaded from disk): call "
-                               "result.attach(model) first.")
+            raise RuntimeError(
+                "This result has no model attached (e.g. it was loaded from disk): call result.attach(model) first."
+            )
         return self._model
 
     def to_table(self, n: int | None = None) -> tuple[list[str], list[list]]:
@@ -103,10 +109,19 @@ class Signatures(SavableResult):
         rows = []
         for i in range(len(self)):
             top = self.top_strings[i][:n] if self.top_strings else [str(t) for t in self.top_ids[i, :n].tolist()]
-            bottom = (self.bottom_strings[i][:n] if self.bottom_strings
-                      else [str(t) for t in self.bottom_ids[i, :n].tolist()])
-            row = [int(self.feature_ids[i]), self.side, self.method, self.hook, " | ".join(map(repr, top)),
-                   _numbers(self.top_scores[i, :n]), " | ".join(map(repr, bottom)), _numbers(self.bottom_scores[i, :n])]
+            bottom = (
+                self.bottom_strings[i][:n] if self.bottom_strings else [str(t) for t in self.bottom_ids[i, :n].tolist()]
+            )
+            row = [
+                int(self.feature_ids[i]),
+                self.side,
+                self.method,
+                self.hook,
+                " | ".join(map(repr, top)),
+                _numbers(self.top_scores[i, :n]),
+                " | ".join(map(repr, bottom)),
+                _numbers(self.bottom_scores[i, :n]),
+            ]
             if self.module_shares is not None:
                 row += [round(x, 4) for x in self.module_shares[i].tolist()]
             rows.append(row)
@@ -124,8 +139,13 @@ def _numbers(values: torch.Tensor) -> str:
     return ", ".join(f"{x:.4g}" for x in values.tolist())
 
 
-def readout_scores(model: HookedTransformer, directions: Float[torch.Tensor, "n d_model"], readout: str,
-                   add_bias: bool, center: torch.Tensor | None) -> Float[torch.Tensor, "n d_vocab"]:
+def readout_scores(
+    model: HookedTransformer,
+    directions: Float[torch.Tensor, "n d_model"],
+    readout: str,
+    add_bias: bool,
+    center: torch.Tensor | None,
+) -> Float[torch.Tensor, "n d_vocab"]:
     """Vocabulary scores of a few directions (see :class:`Signatures`), in fp32 whatever the model's dtype."""
     directions = directions.to(model.W_U.device, torch.float32)
     if readout == "unembed":

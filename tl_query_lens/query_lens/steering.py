@@ -15,6 +15,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCache
 
 from tl_query_lens.dictionaries.key_value import KeyValueView
+from tl_query_lens.primitives import clean_run, kl_divergence, run_from_residual, splice_hooks
 from tl_query_lens.query_lens.max_activating import MaxActivations, view_start_layer
 
 NEUTRAL_PROMPTS: tuple[str, ...] = (
@@ -38,24 +39,14 @@ def clamp_hooks(
     feature is untouched. α = 0 is zero-ablation.
     """
     values = view.values[features]  # [batch, d_out]
-    captured: dict[str, torch.Tensor] = {}
 
-    def delta(x: torch.Tensor) -> torch.Tensor:
+    def edit(x: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         acts = view.encode(x)  # [batch, pos, d_sae]
         idx = features.to(acts.device)[:, None, None].expand(-1, acts.shape[1], 1)
         a = acts.gather(-1, idx)  # [batch, pos, 1]
-        return (alphas.to(acts)[:, None, None] - a) * values.to(acts)[:, None, :]
+        return act + (alphas.to(acts)[:, None, None] - a) * values.to(acts)[:, None, :]
 
-    if view.read_hook == view.write_hook:
-        return [(view.write_hook, lambda act, hook: act + delta(act))]
-
-    def read(act: torch.Tensor, hook) -> None:
-        captured["x"] = act
-
-    def write(act: torch.Tensor, hook) -> torch.Tensor:
-        return act + delta(captured.pop("x"))
-
-    return [(view.read_hook, read), (view.write_hook, write)]
+    return splice_hooks(view.read_hook, view.write_hook, edit)
 
 
 class TeacherForced:
@@ -65,22 +56,20 @@ class TeacherForced:
     def __init__(self, model: HookedTransformer, tokens: Int[torch.Tensor, "batch pos"], start_layer: int) -> None:
         self.model, self.start = model, start_layer
         self.tokens = tokens.to(model.cfg.device)
-        name = f"blocks.{start_layer}.hook_resid_pre"
-        logits, cache = model.run_with_cache(self.tokens, names_filter=name)
+        logits, self.resid = clean_run(model, self.tokens, [start_layer])
         self.logprobs = logits.float().log_softmax(-1)
-        self.resid = cache[name]
 
     @torch.no_grad()
     def steered_logprobs(self, view: KeyValueView, features: torch.Tensor, alphas: torch.Tensor, rows: torch.Tensor):
         """Log-probs with row ``rows[b]`` of the sequences steered by (features[b], alphas[b])."""
         hooks = clamp_hooks(view, features, alphas)
-        logits = self.model.run_with_hooks(self.resid[rows], start_at_layer=self.start, fwd_hooks=hooks)
+        logits = run_from_residual(self.model, self.tokens, self.resid, self.start, hooks, rows=rows)
         return logits.float().log_softmax(-1)
 
 
 def kl_per_row(clean: torch.Tensor, steered: torch.Tensor) -> Float[torch.Tensor, " batch"]:
     """KL(clean ‖ steered) of next-token distributions, averaged over positions (inputs are log-probs)."""
-    return (clean.exp() * (clean - steered)).sum(-1).mean(-1)
+    return kl_divergence(clean, steered).mean(-1)
 
 
 @torch.no_grad()
@@ -175,4 +164,3 @@ def clamp_signatures(
         delta = (steered - logits_clean).mean(1).reshape(n, len(vals), -1).mean(1)
         total += delta.cpu()
     return total.topk(k, dim=-1).indices
-

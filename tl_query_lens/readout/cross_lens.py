@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tl_query_lens.readout.decompose import decompose, vocab_mean_contrast
+from tl_query_lens.readout.decompose import decompose_rows, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
@@ -51,7 +51,7 @@ def jacobian_lens(model, operator: torch.Tensor):
     """h ↦ LN_f(M h) for residuals [..., d_model] (M from ``value_operators``)."""
     M = operator.detach().to(model.W_U)
     ln = getattr(model, "ln_final", None)
-    return lambda h: (ln(h @ M.T) if ln is not None else h @ M.T)
+    return lambda h: ln(h @ M.T) if ln is not None else h @ M.T
 
 
 @torch.no_grad()
@@ -59,15 +59,15 @@ def dominant_features(sae: ReadoutSAE, rows: torch.Tensor, states: torch.Tensor,
     """argmax_i |c_i| of the vocabulary-mean contrast of ``tokens[j]`` at ``states[j]``."""
     out = []
     for h, t in zip(states, tokens.tolist()):
-        dec = decompose(sae, h, vocab_mean_contrast(t, sae.cfg.d_vocab), model=rows, n_top=0)
+        dec = decompose_rows(sae, h, vocab_mean_contrast(t, sae.cfg.d_vocab), rows, n_top=0)
         out.append(int(dec.contributions[0].abs().argmax()))
     return torch.tensor(out)
 
 
 @torch.no_grad()
 def cross_lens_check(
-    sae: ReadoutSAE,
     model,
+    sae: ReadoutSAE,
     resid: torch.Tensor,
     operator_a: torch.Tensor,
     operator_b: torch.Tensor,
@@ -79,13 +79,13 @@ def cross_lens_check(
     """Compare dominant readout features of two Jacobian lenses on the same frozen residuals.
 
     Args:
-        sae: readout SAE of ``model``.
         model: the model (LN_f, W_U).
+        sae: readout SAE of ``model``.
         resid: frozen residuals [n, d_model] at ``hook``.
         operator_a, operator_b: value operators M_l fitted on two corpora.
         sequence: source sequence of each state (bootstrap clusters; default one cluster per state).
     """
-    from tl_query_lens.readout.diagnostics import cluster_bootstrap
+    from tl_query_lens.primitives import cluster_bootstrap
 
     check_compatible(sae, model)
     rows = unembedding_rows(model)
@@ -106,9 +106,16 @@ def cross_lens_check(
     differ = tok_a != tok_b
     clusters = sequence if sequence is not None else torch.arange(n)
     return CrossLensResult(
-        hook=hook, n_states=n, token_disagreement=differ.float().mean().item(),
-        feature_agreement=agree.mean().item(), feature_agreement_ci=cluster_bootstrap(agree, clusters.cpu()),
+        hook=hook,
+        n_states=n,
+        token_disagreement=differ.float().mean().item(),
+        feature_agreement=agree.mean().item(),
+        feature_agreement_ci=cluster_bootstrap(agree, clusters.cpu()),
         null_shuffled=(dom_a == dom_b[perm]).float().mean().item(),
         null_random_token=(dom_a == dom_rand).float().mean().item(),
         agreement_when_tokens_differ=agree[differ].mean().item() if differ.any() else float("nan"),
-        dominant_a=dom_a, dominant_b=dom_b, tokens_a=tok_a, tokens_b=tok_b)
+        dominant_a=dom_a,
+        dominant_b=dom_b,
+        tokens_a=tok_a,
+        tokens_b=tok_b,
+    )

@@ -19,15 +19,16 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.readout.cross_lens import jacobian_lens
-from tl_query_lens.readout.decompose import decompose, token_logit, vocab_mean_contrast
+from tl_query_lens.readout.decompose import decompose_rows, token_logit, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
@@ -57,8 +58,9 @@ def mid_band_layers(n_layers: int) -> list[int]:
     return sorted({round((n_layers - 1) * f) for f in MID_BAND_FRACTIONS})
 
 
-def dominant_active(contributions: Float[torch.Tensor, "n d_sae"], beta: Float[torch.Tensor, " d_sae"]
-                    ) -> Int[torch.Tensor, " n"]:
+def dominant_active(
+    contributions: Float[torch.Tensor, "n d_sae"], beta: Float[torch.Tensor, " d_sae"]
+) -> Int[torch.Tensor, " n"]:
     """argmax_i |c_i| over the active features (β_i ≠ 0); -1 where no feature is active."""
     active = beta != 0
     if not bool(active.any()):
@@ -67,8 +69,9 @@ def dominant_active(contributions: Float[torch.Tensor, "n d_sae"], beta: Float[t
     return masked.argmax(-1)
 
 
-def majority_same(dom_a: Int[torch.Tensor, "... layer"], dom_b: Int[torch.Tensor, "... layer"], *, min_votes: int
-                  ) -> torch.Tensor:
+def majority_same(
+    dom_a: Int[torch.Tensor, "... layer"], dom_b: Int[torch.Tensor, "... layer"], *, min_votes: int
+) -> torch.Tensor:
     """True where the same feature (≠ -1) dominates on at least ``min_votes`` layers (the last axis)."""
     same = (dom_a == dom_b) & (dom_a >= 0)
     return same.sum(-1) >= min_votes
@@ -184,14 +187,14 @@ def _first_token(model, text: str | int) -> int:
 
 
 def _dominant(sae: ReadoutSAE, rows: torch.Tensor, h: torch.Tensor, alpha: torch.Tensor) -> int:
-    dec = decompose(sae, h, alpha, model=rows, n_top=0)
+    dec = decompose_rows(sae, h, alpha, rows, n_top=0)
     return int(dominant_active(dec.contributions, dec.beta)[0])
 
 
 @torch.no_grad()
 def cross_lens_prompts(
-    sae: ReadoutSAE,
     model,
+    sae: ReadoutSAE,
     operators_a: dict[int, torch.Tensor],
     operators_b: dict[int, torch.Tensor],
     bank: list[dict[str, Any]] | None = None,
@@ -202,21 +205,23 @@ def cross_lens_prompts(
     """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (DESIGN §6, module docstring.)
 
     Args:
-        sae: readout SAE of ``model``.
         model: the model (tokenizer, LN_f, W_U).
+        sae: readout SAE of ``model``.
         operators_a / operators_b: layer → value operator M_l (``value_operators(...)["blocks.l.hook_resid_post"]``)
             fitted on two corpora; must cover ``cfg.layers``.
         bank: prompts (default :func:`load_prompt_bank`).
         cfg: options; keywords override its fields.
     """
-    cfg = replace(cfg or CrossLensConfig(), **overrides)
+    cfg = resolve_config(CrossLensConfig, cfg, overrides)
     check_compatible(sae, model)
     bank = bank if bank is not None else load_prompt_bank()
     layers = cfg.layers or mid_band_layers(model.cfg.n_layers)
     missing = [layer for layer in layers if layer not in operators_a or layer not in operators_b]
     if missing:
-        raise KeyError(f"Layers {missing} have no operator in both lenses; fit value_operators at "
-                       f"{[f'blocks.{layer}.hook_resid_post' for layer in missing]} on both corpora.")
+        raise KeyError(
+            f"Layers {missing} have no operator in both lenses; fit value_operators at "
+            f"{[f'blocks.{layer}.hook_resid_post' for layer in missing]} on both corpora."
+        )
     if cfg.min_votes > len(layers):
         raise ValueError(f"min_votes={cfg.min_votes} exceeds the {len(layers)} layers of the band.")
     rows = unembedding_rows(model)
@@ -255,8 +260,12 @@ def cross_lens_prompts(
     is_ctrl = torch.tensor([g.startswith("ctrl_") for g in groups])
     main = ~is_ctrl
     k, m = int(passes[main].sum()), int(main.sum())
-    null_hits = [bool(majority_same(dom_a[i], torch.tensor(d), min_votes=cfg.min_votes))
-                 for i in range(n) if main[i] for d in null_dom[i]]
+    null_hits = [
+        bool(majority_same(dom_a[i], torch.tensor(d), min_votes=cfg.min_votes))
+        for i in range(n)
+        if main[i]
+        for d in null_dom[i]
+    ]
     rng = random.Random(cfg.seed)
     main_ids = [i for i in range(n) if main[i]]
     shuffle_hits = []
@@ -272,13 +281,27 @@ def cross_lens_prompts(
     own = own_same[main].float().mean().item() if m else float("nan")
     headline, ci = (paper, wilson(k, m)) if cfg.protocol == "paper" else (own, [float("nan"), float("nan")])
     return CrossLensPromptResult(
-        protocol=cfg.protocol, headline=headline, headline_ci=ci, layers=list(layers), min_votes=cfg.min_votes,
-        n_prompts=m, n_controls=int(is_ctrl.sum()), paper_agreement=paper, paper_agreement_ci=wilson(k, m),
+        protocol=cfg.protocol,
+        headline=headline,
+        headline_ci=ci,
+        layers=list(layers),
+        min_votes=cfg.min_votes,
+        n_prompts=m,
+        n_controls=int(is_ctrl.sum()),
+        paper_agreement=paper,
+        paper_agreement_ci=wilson(k, m),
         control_agreement=passes[is_ctrl].float().mean().item() if is_ctrl.any() else float("nan"),
         null_unrelated=sum(null_hits) / len(null_hits) if null_hits else float("nan"),
         null_shuffled=sum(shuffle_hits) / len(shuffle_hits) if shuffle_hits else float("nan"),
-        own_top1_agreement=own, own_top1_tokens_differ=own_differ[main].float().mean().item() if m else float("nan"),
-        model_top1_is_answer=(model_top1 == answers).float().mean().item(), per_group=per_group,
-        ids=[p["id"] for p in bank], groups=groups, target_tokens=targets, dominant_a=dom_a, dominant_b=dom_b,
-        passes=passes, config=dict(vars(cfg)) | {"layers": list(layers)},
+        own_top1_agreement=own,
+        own_top1_tokens_differ=own_differ[main].float().mean().item() if m else float("nan"),
+        model_top1_is_answer=(model_top1 == answers).float().mean().item(),
+        per_group=per_group,
+        ids=[p["id"] for p in bank],
+        groups=groups,
+        target_tokens=targets,
+        dominant_a=dom_a,
+        dominant_b=dom_b,
+        passes=passes,
+        config=dict(vars(cfg)) | {"layers": list(layers)},
     )

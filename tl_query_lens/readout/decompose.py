@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
+from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import check_dictionary_finite, check_finite, check_outputs
+from tl_query_lens.errors import InputTypeError, check_dictionary_finite, check_finite, check_outputs
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.readout.states import check_state
 from tl_query_lens.results import SavableResult
@@ -66,38 +68,47 @@ class Decomposition(SavableResult):
         return [(int(i), float(c[i])) for i in idx]
 
 
-def _rows_for(sae: ReadoutSAE, model) -> torch.Tensor:
+def _rows_for(sae: ReadoutSAE, model: HookedTransformer | None) -> torch.Tensor:
     if model is None:
-        rows = getattr(sae, "_bound_rows", None)
+        rows = sae.bound_rows
         if rows is None:
-            raise ValueError("decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
-                             "to), or call bind(sae, model) once.")
+            raise ValueError(
+                "decompose needs the LM-head rows: pass model=... (the model the readout SAE was fitted "
+                "to), or call bind(model, sae) once."
+            )
         return rows
-    if isinstance(model, torch.Tensor):
-        if model.shape != (sae.cfg.d_vocab, sae.cfg.d_in):
-            raise ValueError(f"Rows of shape {tuple(model.shape)} do not match the readout SAE "
-                             f"({sae.cfg.d_vocab} × {sae.cfg.d_in}).")
-        return model
+    if not isinstance(model, HookedTransformer):
+        raise InputTypeError(
+            f"decompose(model=) takes the HookedTransformer the readout SAE was fitted to, not a "
+            f"{type(model).__name__}. For LM-head rows [d_vocab, d_model] you already checked against the SAE, "
+            "call decompose_rows(sae, h, alpha, rows); or bind(model, sae) once and omit model=."
+        )
     check_compatible(sae, model)
     return unembedding_rows(model)
 
 
-def bind(sae: ReadoutSAE, model) -> ReadoutSAE:
+def bind(model: HookedTransformer, sae: ReadoutSAE) -> ReadoutSAE:
     """Check ``sae`` against ``model`` and remember its LM-head rows so ``decompose`` needs no ``model=``."""
     check_compatible(sae, model)
-    sae._bound_rows = unembedding_rows(model).to(sae.W_dec.device)
+    sae.bound_rows = unembedding_rows(model).to(sae.W_dec.device)
     return sae
 
 
 def check_alpha(alpha: torch.Tensor, d_vocab: int) -> torch.Tensor:
     if not isinstance(alpha, torch.Tensor):
-        raise TypeError(f"alpha must be a dense torch.Tensor over the vocabulary, got {type(alpha).__name__}; build "
-                        f"one with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor.")
+        raise TypeError(
+            f"alpha must be a dense torch.Tensor over the vocabulary, got {type(alpha).__name__}; build "
+            f"one with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor."
+        )
     if alpha.ndim != 1 or alpha.shape[0] != d_vocab:
-        raise ValueError(f"alpha must have shape ({d_vocab},) (one coefficient per vocabulary row), got "
-                         f"{tuple(alpha.shape)}.")
-    check_finite(alpha, "score coefficients alpha", hint="Build alpha with token_logit / margin / group_mean / "
-                 "vocab_mean_contrast / top1_vs_competitor.")
+        raise ValueError(
+            f"alpha must have shape ({d_vocab},) (one coefficient per vocabulary row), got {tuple(alpha.shape)}."
+        )
+    check_finite(
+        alpha,
+        "score coefficients alpha",
+        hint="Build alpha with token_logit / margin / group_mean / vocab_mean_contrast / top1_vs_competitor.",
+    )
     return alpha
 
 
@@ -107,7 +118,7 @@ def decompose(
     h: Float[torch.Tensor, "... d_model"],
     alpha: Float[torch.Tensor, " d_vocab"],
     *,
-    model=None,
+    model: HookedTransformer | None = None,
     n_top: int = 10,
     n_label: int = 6,
     dtype: torch.dtype = torch.float64,
@@ -118,15 +129,38 @@ def decompose(
         sae: a fitted :class:`ReadoutSAE`.
         h: decoded state(s) h̃ ([d_model] or [n, d_model]), e.g. ``LN_f(resid)`` or a fitted lens' output.
         alpha: dense coefficients over the vocabulary (see the family helpers in this module).
-        model: the model (checked against the dictionary) or its LM-head rows [d_vocab, d_model]; optional after
-            :func:`bind`. The model's tokenizer, when present, labels the top features.
+        model: the model the dictionary was fitted to (checked against it; its tokenizer labels the top features);
+            optional after :func:`bind` (and right after fitting).
         n_top: features listed in ``top_features`` (single state only).
         n_label: top unembedding rows per feature label.
         dtype: accumulation dtype (float64 keeps the identity at ~1e-12 relative).
     """
-    check_dictionary_finite(sae, {"W_dec": sae.W_dec, "b_dec": sae.b_dec, "code_values": sae.code_values,
-                                  "row_norms": sae.row_norms})
+    _check_finite_dictionary(sae)
     rows = _rows_for(sae, model)
+    tokenizer = getattr(model, "tokenizer", None)
+    return decompose_rows(sae, h, alpha, rows, n_top=n_top, n_label=n_label, dtype=dtype, tokenizer=tokenizer)
+
+
+@torch.no_grad()
+def decompose_rows(
+    sae: ReadoutSAE,
+    h: Float[torch.Tensor, "... d_model"],
+    alpha: Float[torch.Tensor, " d_vocab"],
+    rows: Float[torch.Tensor, "d_vocab d_model"],
+    *,
+    n_top: int = 10,
+    n_label: int = 6,
+    dtype: torch.dtype = torch.float64,
+    tokenizer=None,
+) -> Decomposition:
+    """:func:`decompose` against LM-head ``rows`` already checked against ``sae`` (the readout methods' inner loops
+    call it with the rows of one :func:`~tl_query_lens.readout.sae.check_compatible` check, so the float64 row
+    residuals stay cached across calls)."""
+    _check_finite_dictionary(sae)
+    if rows.shape != (sae.cfg.d_vocab, sae.cfg.d_in):
+        raise ValueError(
+            f"Rows of shape {tuple(rows.shape)} do not match the readout SAE ({sae.cfg.d_vocab} × {sae.cfg.d_in})."
+        )
     h = check_state(h, sae.cfg.d_in)
     alpha = check_alpha(alpha, sae.cfg.d_vocab).to(rows.device)
     single = h.ndim == 1
@@ -145,20 +179,39 @@ def decompose(
     # Σ α_t r_t from the rows' own residuals r_t = w_t − μ − Σ_i z_{t,i} d_i (computed once per dictionary and rows).
     r_alpha = a @ resid
     beta = torch.zeros(sae.cfg.d_sae, dtype=dtype, device=rows.device).index_add_(
-        0, idx.reshape(-1), (a[:, None] * val).reshape(-1))
+        0, idx.reshape(-1), (a[:, None] * val).reshape(-1)
+    )
     proj = h2 @ D.T
     alpha_sum = float(a.sum())
     result = Decomposition(
-        exact=h2 @ (a @ w), bias=alpha_sum * (h2 @ mu), contributions=proj * beta, residual=h2 @ r_alpha,
-        beta=beta, projections=proj, alpha_sum=alpha_sum)
-    check_outputs(result, "decompose", hint="The LM-head rows passed as model= hold NaN/inf.")
+        exact=h2 @ (a @ w),
+        bias=alpha_sum * (h2 @ mu),
+        contributions=proj * beta,
+        residual=h2 @ r_alpha,
+        beta=beta,
+        projections=proj,
+        alpha_sum=alpha_sum,
+    )
+    check_outputs(result, "decompose", hint="The LM-head rows hold NaN/inf.")
     if single:
-        tokenizer = getattr(model, "tokenizer", None) if model is not None and not isinstance(model, torch.Tensor) else None
         labels = feature_labels(sae, [i for i, _ in result.top(n_top)], n=n_label, tokenizer=tokenizer)
         result.top_features = [
-            {"feature": i, "contribution": c, "beta": float(beta[i]), "projection": float(proj[0, i]),
-             "label": labels[i]} for i, c in result.top(n_top)]
+            {
+                "feature": i,
+                "contribution": c,
+                "beta": float(beta[i]),
+                "projection": float(proj[0, i]),
+                "label": labels[i],
+            }
+            for i, c in result.top(n_top)
+        ]
     return result
+
+
+def _check_finite_dictionary(sae: ReadoutSAE) -> None:
+    check_dictionary_finite(
+        sae, {"W_dec": sae.W_dec, "b_dec": sae.b_dec, "code_values": sae.code_values, "row_norms": sae.row_norms}
+    )
 
 
 @torch.no_grad()
@@ -214,11 +267,19 @@ def vocab_mean_contrast(token: int, d_vocab: int) -> torch.Tensor:
     return token_logit(token, d_vocab) - 1.0 / d_vocab
 
 
+class Contrast(NamedTuple):
+    """A score and the tokens it contrasts: ``alpha`` = e_top1 − e_competitor."""
+
+    alpha: Float[torch.Tensor, " d_vocab"]
+    top1: int
+    competitor: int
+
+
 @torch.no_grad()
-def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) -> tuple[torch.Tensor, int, int]:
+def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) -> Contrast:
     """α = e_top1 − e_competitor for state h under the dense head; the competitor defaults to the runner-up.
 
-    Returns ``(alpha, top1, competitor)``.
+    Returns a :class:`Contrast` (``alpha``, ``top1``, ``competitor``; unpacks like a tuple).
     """
     logits = check_state(h, model.cfg.d_model).reshape(-1).float() @ model.W_U.float() + model.b_U.float()
     top2 = logits.topk(2).indices.tolist()
@@ -227,4 +288,4 @@ def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) ->
         competitor = top2[1]
     if competitor == top1:
         raise ValueError(f"The competitor {competitor} is the top-1 token itself; choose another token.")
-    return margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor)
+    return Contrast(margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor))

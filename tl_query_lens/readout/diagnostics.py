@@ -10,18 +10,17 @@ h·Σ α_t ŵ_t = bias + Σ_i c_i, and the residual ε = s_exact − s_recon.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float
 
+from tl_query_lens.primitives import LOG2, cluster_bootstrap, kl_divergence
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult
 
 FAMILIES = ("token_logit", "top1_vs_competitor", "margin", "group_mean", "vocab_mean_contrast")
 CONTRASTS = ("top1_vs_competitor", "margin", "vocab_mean_contrast")
-LOG2 = math.log(2.0)
 
 
 @dataclass
@@ -77,19 +76,6 @@ def covered(recon: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return (torch.sign(recon) == torch.sign(exact)) & (rho(exact - recon, exact, 0.0) < 0.5)
 
 
-def cluster_bootstrap(values: torch.Tensor, clusters: torch.Tensor, *, n_boot: int = 1000, seed: int = 0,
-                      level: float = 0.95) -> list[float]:
-    """Percentile CI of a mean, resampling clusters (sequences) with replacement."""
-    ids, inv = clusters.unique(return_inverse=True)
-    sums = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, values.double())
-    counts = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inv, torch.ones_like(values, dtype=torch.float64))
-    gen = torch.Generator().manual_seed(seed)
-    draws = torch.randint(len(ids), (n_boot, len(ids)), generator=gen)
-    stats = sums[draws].sum(1) / counts[draws].sum(1).clamp_min(1)
-    lo, hi = torch.quantile(stats, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return [lo, hi]
-
-
 @torch.no_grad()
 def build_score_bank(bank: StateBank, rows: torch.Tensor, b_U: torch.Tensor, *, seed: int = 0) -> ScoreBank:
     """Pick the tokens of each score family for every held-out state (from the dense head's ranking)."""
@@ -110,9 +96,13 @@ def _family_scores(logits: torch.Tensor, mean_logit: torch.Tensor, sb: ScoreBank
     g = lambda t: logits.gather(1, t.to(logits.device)[:, None] if t.ndim == 1 else t.to(logits.device))
     top1, ru, pair, grp = sb.top1[sl], sb.runner_up[sl], sb.margin_pair[sl], sb.group[sl]
     s1 = g(top1)[:, 0]
-    return {"token_logit": s1, "top1_vs_competitor": s1 - g(ru)[:, 0],
-            "margin": g(pair)[:, 0] - g(pair)[:, 1], "group_mean": g(grp).mean(1),
-            "vocab_mean_contrast": s1 - mean_logit}
+    return {
+        "token_logit": s1,
+        "top1_vs_competitor": s1 - g(ru)[:, 0],
+        "margin": g(pair)[:, 0] - g(pair)[:, 1],
+        "group_mean": g(grp).mean(1),
+        "vocab_mean_contrast": s1 - mean_logit,
+    }
 
 
 @torch.no_grad()
@@ -154,7 +144,7 @@ def evaluate_reconstruction(
         zh = lh + b_U
         agree.append((arg_w == zh.argmax(-1)).float().cpu())
         logq = zh.log_softmax(-1)
-        kls.append(((logp.exp() * (logp - logq)).sum(-1) / LOG2).cpu())
+        kls.append((kl_divergence(logp, logq) / LOG2).cpu())
         for fam, val in fam_w.items():
             exact[fam].append(val.cpu())
         for fam, val in _family_scores(lh, h @ mean_row_hat, sb, sl).items():
@@ -168,13 +158,20 @@ def evaluate_reconstruction(
     clusters = sb.sequence.repeat(len(CONTRASTS))
     cov_c = covered(rc_c, ex_c).float()
     return ReadoutEval(
-        method=method, row_ev=row_ev, top1=agree_t.mean().item(),
+        method=method,
+        row_ev=row_ev,
+        top1=agree_t.mean().item(),
         top1_ci=cluster_bootstrap(agree_t, sb.sequence, n_boot=n_boot),
-        kl_mean_bits=kl_t.mean().item(), kl_median_bits=kl_t.median().item(),
-        coverage=cov_c.mean().item(), coverage_ci=cluster_bootstrap(cov_c, clusters, n_boot=n_boot),
-        coverage_by_family=cov_by, rho_median=rho(ex_c - rc_c, ex_c).median().item(),
+        kl_mean_bits=kl_t.mean().item(),
+        kl_median_bits=kl_t.median().item(),
+        coverage=cov_c.mean().item(),
+        coverage_ci=cluster_bootstrap(cov_c, clusters, n_boot=n_boot),
+        coverage_by_family=cov_by,
+        rho_median=rho(ex_c - rc_c, ex_c).median().item(),
         sign_agreement=(torch.sign(rc_c) == torch.sign(ex_c)).float().mean().item(),
-        n_states=len(bank), n_clusters=int(sb.sequence.unique().numel()))
+        n_states=len(bank),
+        n_clusters=int(sb.sequence.unique().numel()),
+    )
 
 
 @dataclass
@@ -198,10 +195,11 @@ def _fit(pred: torch.Tensor, meas: torch.Tensor) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def ablation_regression(sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512,
-                        seed: int = 0) -> AblationRegression:
+def ablation_regression(
+    sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512, seed: int = 0
+) -> AblationRegression:
     """Ablate each of the top-``n_features`` |c_i| of the top-1-vs-competitor score of held-out states."""
-    from tl_query_lens.readout.decompose import decompose
+    from tl_query_lens.readout.decompose import decompose_rows
 
     gen = torch.Generator().manual_seed(seed)
     rows = rows.float()
@@ -215,7 +213,7 @@ def ablation_regression(sae, rows: torch.Tensor, bank: StateBank, *, n_features:
         alpha[sb.top1[j]] += 1.0
         alpha[sb.runner_up[j]] -= 1.0
         h = bank.states[j]
-        dec = decompose(sae, h, alpha, model=rows, n_top=0)
+        dec = decompose_rows(sae, h, alpha, rows, n_top=0)
         q = alpha.double() @ rows.double()  # dense head direction q_α
         hd = h.double()
         s0 = hd @ q

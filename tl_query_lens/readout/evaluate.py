@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from tl_query_lens.config import resolve_config
+from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout import baselines as bl
 from tl_query_lens.readout.diagnostics import (
     AblationRegression,
@@ -19,21 +22,28 @@ from tl_query_lens.readout.diagnostics import (
 )
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.readout.states import StateBank
-from tl_query_lens.results import SavableResult, write_json
+from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
 
-def _baselines(sae: ReadoutSAE, rows: torch.Tensor, cache: dict, *, kmeans_widths: tuple[int, int] | None,
-               kmeans_iters: int, ridge_k: int | None) -> dict[str, Callable[[], torch.Tensor]]:
+def _baselines(
+    sae: ReadoutSAE,
+    rows: torch.Tensor,
+    cache: dict,
+    *,
+    kmeans_widths: tuple[int, int] | None,
+    kmeans_iters: int,
+    ridge_k: int | None,
+) -> dict[str, Callable[[], torch.Tensor]]:
     def neighbours():
         if "nb" not in cache:
-            cache["nb"] = bl.nearest_rows(bl.normalise_rows(rows)[2], 128)
+            cache["nb"] = bl.nearest_rows(normalise_rows(rows)[2], 128)
         return cache["nb"]
 
     def centroids(width):
         if width not in cache:
-            cache[width] = bl.spherical_kmeans(bl.normalise_rows(rows)[2], width, iters=kmeans_iters)
+            cache[width] = bl.spherical_kmeans(normalise_rows(rows)[2], width, iters=kmeans_iters)
         return cache[width]
 
     width, k = sae.cfg.d_sae, sae.cfg.k
@@ -52,42 +62,80 @@ def _baselines(sae: ReadoutSAE, rows: torch.Tensor, cache: dict, *, kmeans_width
 
 
 @dataclass
+class ReadoutEvalConfig:
+    """Options of :func:`evaluate_readout`.
+
+    Attributes:
+        baselines: row-geometry baselines, run in this order (cheapest first by default).
+        ablation_states: states of the ablation regression (0: skip it).
+        n_boot: bootstrap resamples of the CIs.
+        kmeans_widths: centroids of the small / full k-means baselines (default: width/4 and the SAE's width).
+        kmeans_iters: k-means iterations. ridge_k: centroids per row in k-means + ridge (default: the SAE's k).
+    """
+
+    baselines: tuple[str, ...] = tuple(bl.BASELINE_ORDER)
+    ablation_states: int = 256
+    n_boot: int = 1000
+    kmeans_widths: tuple[int, int] | None = None
+    kmeans_iters: int = 10
+    ridge_k: int | None = None
+
+    def __post_init__(self) -> None:
+        self.baselines = tuple(self.baselines)
+        unknown = [b for b in self.baselines if b not in bl.BASELINE_ORDER]
+        if unknown:
+            raise ValueError(f"Unknown baselines {unknown}; choose from {list(bl.BASELINE_ORDER)}.")
+        if self.ablation_states < 0 or self.n_boot < 1 or self.kmeans_iters < 1:
+            raise ValueError("ablation_states must be ≥ 0, n_boot and kmeans_iters ≥ 1.")
+
+
+@dataclass
 class ReadoutReport(SavableResult):
     """The SAE's diagnostics, each baseline's under the same accounting, and the ablation regression."""
 
-    srp: dict
-    baselines: dict[str, dict] = field(default_factory=dict)
-    ablation: dict = field(default_factory=dict)
+    srp: ReadoutEval
+    baselines: dict[str, ReadoutEval] = field(default_factory=dict)
+    ablation: AblationRegression | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
+    COLUMNS = (
+        "method",
+        "row_ev",
+        "top1",
+        "top1_ci",
+        "kl_mean_bits",
+        "kl_median_bits",
+        "coverage",
+        "coverage_ci",
+        "rho_median",
+        "sign_agreement",
+        "seconds",
+    )
+
     def table(self) -> tuple[list[str], list[list]]:
-        cols = ["method", "row_ev", "top1", "top1_ci", "kl_mean_bits", "kl_median_bits", "coverage", "coverage_ci",
-                "rho_median", "sign_agreement", "seconds"]
-        rows = [[r[c] if c != "seconds" else self.seconds.get(r["method"], float("nan")) for c in cols]
-                for r in [self.srp, *self.baselines.values()]]
+        """``(columns, rows)``: the SAE first, then every baseline."""
+        cols = list(self.COLUMNS)
+        rows = [
+            [getattr(r, c) if c != "seconds" else self.seconds.get(r.method, float("nan")) for c in cols]
+            for r in [self.srp, *self.baselines.values()]
+        ]
         return cols, rows
 
 
 @torch.no_grad()
 def evaluate_readout(
-    sae: ReadoutSAE,
     model,
+    sae: ReadoutSAE,
     states: StateBank,
     *,
-    baselines: Sequence[str] = bl.BASELINE_ORDER,
-    ablation_states: int = 256,
-    n_boot: int = 1000,
-    kmeans_widths: tuple[int, int] | None = None,
-    kmeans_iters: int = 10,
-    ridge_k: int | None = None,
-    tracker=None,
+    cfg: ReadoutEvalConfig | None = None,
+    **overrides: Any,
 ) -> ReadoutReport:
-    """Diagnostics of ``sae`` and of each named baseline on held-out ``states`` (DESIGN §6).
+    """Diagnostics of ``sae`` and of each baseline on held-out ``states`` (DESIGN §6).
 
-    Baselines run in the order given (cheapest first by default); results are logged to ``tracker`` as they come.
-    ``kmeans_widths`` (default: width/4 and width of the SAE), ``kmeans_iters`` and ``ridge_k`` (centroids per row
-    in k-means + ridge; default the SAE's k) trade baseline strength for CPU time.
+    ``cfg`` / keyword ``overrides``: :class:`ReadoutEvalConfig` (baselines, ablation_states, n_boot, k-means sizes).
     """
+    cfg = resolve_config(ReadoutEvalConfig, cfg, overrides)
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()
@@ -95,37 +143,30 @@ def evaluate_readout(
     seconds: dict[str, float] = {}
     dense: dict = {}
     start = time.perf_counter()
-    srp = evaluate_reconstruction("srp", rows, sae.reconstructed_rows().detach(), states, b_U=b_U, score_bank=sb,
-                                  n_boot=n_boot, dense_cache=dense)
+    srp = evaluate_reconstruction(
+        "srp",
+        rows,
+        sae.reconstructed_rows().detach(),
+        states,
+        b_U=b_U,
+        score_bank=sb,
+        n_boot=cfg.n_boot,
+        dense_cache=dense,
+    )
     seconds["srp"] = time.perf_counter() - start
-    report = ReadoutReport(srp=asdict(srp), seconds=seconds)
-    if tracker is not None:
-        tracker.log_scalars("srp", _scalars(srp))
-        write_json(tracker.out_dir / "srp_full.json", asdict(srp))
-    if ablation_states:
-        abl: AblationRegression = ablation_regression(sae, rows, states, max_states=ablation_states)
-        report.ablation = asdict(abl)
-        if tracker is not None:
-            tracker.log_scalars("ablation", report.ablation)
+    report = ReadoutReport(srp=srp, seconds=seconds)
+    if cfg.ablation_states:
+        report.ablation = ablation_regression(sae, rows, states, max_states=cfg.ablation_states)
     cache: dict = {}
-    makers = _baselines(sae, rows, cache, kmeans_widths=kmeans_widths, kmeans_iters=kmeans_iters, ridge_k=ridge_k)
-    unknown = [b for b in baselines if b not in makers]
-    if unknown:
-        raise ValueError(f"Unknown baselines {unknown}; choose from {list(makers)}.")
-    for name in baselines:
+    makers = _baselines(
+        sae, rows, cache, kmeans_widths=cfg.kmeans_widths, kmeans_iters=cfg.kmeans_iters, ridge_k=cfg.ridge_k
+    )
+    for name in cfg.baselines:
         start = time.perf_counter()
-        res: ReadoutEval = evaluate_reconstruction(name, rows, makers[name](), states, b_U=b_U, score_bank=sb,
-                                                   n_boot=n_boot, dense_cache=dense)
+        res = evaluate_reconstruction(
+            name, rows, makers[name](), states, b_U=b_U, score_bank=sb, n_boot=cfg.n_boot, dense_cache=dense
+        )
         seconds[name] = time.perf_counter() - start
-        report.baselines[name] = asdict(res)
+        report.baselines[name] = res
         logger.info("%s: top-1 %.3f, coverage %.3f (%.0f s)", name, res.top1, res.coverage, seconds[name])
-        if tracker is not None:
-            tracker.log_scalars(f"baseline_{name}", _scalars(res))
-            write_json(tracker.out_dir / f"baseline_{name}_full.json", asdict(res))
-    if tracker is not None:
-        tracker.log_table("readout_vs_baselines", *report.table())
     return report
-
-
-def _scalars(res: ReadoutEval) -> dict[str, float]:
-    return {k: v for k, v in asdict(res).items() if isinstance(v, float)}

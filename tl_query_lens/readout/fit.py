@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -24,8 +23,11 @@ import torch.nn.functional as F
 from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
+from tl_query_lens.config import resolve_config
+from tl_query_lens.primitives import normalise_rows, topk_relu_codes
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, decode_sparse, unembedding_rows
 from tl_query_lens.readout.states import StateBank, collect_states
+from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class ReadoutFitConfig:
         lambda_prism, code_l2: loss weights.
         frequency_share: share of each row batch drawn by top-``top_n`` frequency (the rest uniform).
         top_n: how many top tokens per state count for the frequency.
-        n_seqs, seq_len: corpus size for the state bank when ``tokens`` is None.
+        corpus, n_seqs, seq_len: the corpus (train split) read when no tokens are given.
         rare_rows: after the fit, a feature used by 1..rare_rows−1 vocabulary rows counts as rare (0: dead).
             During training the window rates count fires over the rows of the last ``log_every`` steps:
             dead = no fire, rare = fired on under 1e-4 of those rows.
@@ -69,6 +71,7 @@ class ReadoutFitConfig:
     code_l2: float = 1e-6
     frequency_share: float = 0.5
     top_n: int = 8
+    corpus: str = "embedded"
     n_seqs: int = 32
     seq_len: int = 32
     rare_rows: int = 10
@@ -77,7 +80,17 @@ class ReadoutFitConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("width_mult", "k", "steps", "batch_rows", "batch_pairs", "top_n", "n_seqs", "seq_len", "log_every"):
+        for name in (
+            "width_mult",
+            "k",
+            "steps",
+            "batch_rows",
+            "batch_pairs",
+            "top_n",
+            "n_seqs",
+            "seq_len",
+            "log_every",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ReadoutFitConfig.{name} must be positive, got {getattr(self, name)}.")
         if self.width is not None and self.width < self.k:
@@ -94,13 +107,15 @@ class ReadoutFitConfig:
         if name == "cpu":
             return cls(**overrides)
         if name == "paper":
-            return cls(**{**dict(width_mult=32, k=256, steps=20_000, batch_rows=4096, batch_pairs=1024), **overrides})
+            return cls(
+                **{"width_mult": 32, "k": 256, "steps": 20_000, "batch_rows": 4096, "batch_pairs": 1024, **overrides}
+            )
         raise ValueError(f"Unknown preset {name!r}; choose 'cpu' or 'paper'.")
 
 
 @dataclass
-class ReadoutFit:
-    """A fitted readout SAE and its training record."""
+class ReadoutFit(SavableResult):
+    """A fitted readout SAE and its training record (``history``: one record per ``log_every`` steps)."""
 
     sae: ReadoutSAE
     config: ReadoutFitConfig
@@ -111,7 +126,11 @@ class ReadoutFit:
 
 def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> None:
     n_rows, width = x.shape[0], sae.cfg.d_sae
-    pick = torch.randint(n_rows, (width,), generator=gen) if width > n_rows else torch.randperm(n_rows, generator=gen)[:width]
+    pick = (
+        torch.randint(n_rows, (width,), generator=gen)
+        if width > n_rows
+        else torch.randperm(n_rows, generator=gen)[:width]
+    )
     noise = torch.randn(width, x.shape[1], generator=gen) * (0.1 / math.sqrt(x.shape[1]))
     dec = F.normalize(x[pick].cpu() + noise, dim=-1).to(x)
     with torch.no_grad():
@@ -126,8 +145,8 @@ def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> Non
 
 def sparse_decode(sae: ReadoutSAE, x: torch.Tensor) -> torch.Tensor:
     """x̂ = TopK(ReLU(x W_enc + b_enc)) · D, gathering only the k active decoder rows."""
-    top = (x @ sae.W_enc + sae.b_enc).topk(sae.cfg.k, dim=-1)
-    return decode_sparse(top.indices, torch.relu(top.values), sae.W_dec)
+    idx, val = topk_relu_codes(x @ sae.W_enc + sae.b_enc, sae.cfg.k)
+    return decode_sparse(idx, val, sae.W_dec)
 
 
 def _row_frequency(bank: StateBank, rows: torch.Tensor, b_U: torch.Tensor, top_n: int) -> torch.Tensor:
@@ -149,34 +168,26 @@ def fit_readout(
     model,
     tokens: torch.Tensor | None = None,
     *,
-    preset: Preset = "cpu",
-    config: ReadoutFitConfig | None = None,
     states: StateBank | None = None,
-    out_dir: str | Path | None = None,
-    use_wandb: bool = True,
-    wandb_project: str = "tl_query_lens",
+    cfg: ReadoutFitConfig | None = None,
     progress: bool = True,
     **overrides,
 ) -> ReadoutFit:
-    """Fit a readout SAE to ``model``'s LM-head rows (DESIGN §6).
+    """Fit a readout SAE to ``model``'s LM-head rows (DESIGN §6); no files, no W&B (the caller logs ``history``).
 
     Args:
         model: a TransformerLens model.
-        tokens: corpus tokens for the (state, top-1 token) pairs; None loads the embedded corpus' train split.
-        preset: ``"cpu"`` (default sizes) or ``"paper"``; keyword overrides (``width=``, ``k=``, ``steps=``, …)
-            replace single fields.
-        config: a full :class:`ReadoutFitConfig` instead of preset + overrides.
-        states: a ready :class:`StateBank` (skips the forward passes).
-        out_dir: folder for the training log (``train_history.csv``, scalars); None: ``<cache>/readout/runs/<model>``.
-        use_wandb: log losses and dead/rare rates to W&B through :class:`~tl_query_lens.tracking.Tracker`.
+        tokens: corpus tokens for the (state, top-1 token) pairs; None: ``cfg.n_seqs`` × ``cfg.seq_len`` tokens of
+            the train split of ``cfg.corpus``.
+        states: a ready :class:`StateBank` instead (skips the forward passes).
+        cfg: a :class:`ReadoutFitConfig` (``ReadoutFitConfig.preset("paper")`` for the paper's GPU recipe);
+            keyword ``overrides`` (``width=``, ``k=``, ``steps=``, …) replace single fields.
+        progress: show a progress bar.
 
     Returns:
         :class:`ReadoutFit` with the SAE (codes of every row stored), config, wall time and loss history.
     """
-    from tl_query_lens.models import cache_dir
-    from tl_query_lens.tracking import Tracker
-
-    cfg = replace(config, **overrides) if config is not None else ReadoutFitConfig.preset(preset, **overrides)
+    cfg = resolve_config(ReadoutFitConfig, cfg, overrides)
     start_time = time.perf_counter()
     device = torch.device(model.cfg.device)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -191,8 +202,12 @@ def fit_readout(
             from tl_query_lens.corpus import load_corpus
 
             if getattr(model, "tokenizer", None) is None:
-                raise ValueError("The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...).")
-            tokens = load_corpus("embedded", model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
+                raise ValueError(
+                    "The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...)."
+                )
+            tokens = load_corpus(
+                cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed
+            )
         states = collect_states(model, tokens)
     h_bank = states.states.to(device)
     top1 = states.top1.to(device)
@@ -200,16 +215,22 @@ def fit_readout(
     freq = _row_frequency(states, rows, b_U, min(cfg.top_n, d_vocab))
 
     # Preprocessing (DESIGN §6): μ, a_t, x_t.
-    mu = rows.mean(0)
-    centred = rows - mu
-    norms = centred.norm(dim=-1)
-    x = centred / norms.clamp_min(torch.finfo(rows.dtype).tiny)[:, None]
+    mu, norms, x = normalise_rows(rows)
 
     sae_cfg = ReadoutSAEConfig(
-        d_in=d_model, d_sae=width, d_vocab=d_vocab, k=cfg.k, dtype="float32", device=str(device),
-        metadata=SAEMetadata(model_name=model.cfg.model_name, hook_name="ln_final.hook_normalized",
-                             hook_layer=model.cfg.n_layers - 1, prepend_bos=model.cfg.default_prepend_bos,
-                             context_size=model.cfg.n_ctx),
+        d_in=d_model,
+        d_sae=width,
+        d_vocab=d_vocab,
+        k=cfg.k,
+        dtype="float32",
+        device=str(device),
+        metadata=SAEMetadata(
+            model_name=model.cfg.model_name,
+            hook_name="ln_final.hook_normalized",
+            hook_layer=model.cfg.n_layers - 1,
+            prepend_bos=model.cfg.default_prepend_bos,
+            context_size=model.cfg.n_ctx,
+        ),
     )
     sae = ReadoutSAE(sae_cfg)
     with torch.no_grad():
@@ -217,85 +238,100 @@ def fit_readout(
     _init_weights(sae, x, gen)
     params = [sae.W_enc, sae.b_enc, sae.W_dec]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    n_freq = int(round(cfg.batch_rows * cfg.frequency_share)) if freq.sum() > 0 else 0
+    n_freq = round(cfg.batch_rows * cfg.frequency_share) if freq.sum() > 0 else 0
     freq_probs = freq / freq.sum().clamp_min(1)
 
-    out_dir = Path(out_dir) if out_dir is not None else cache_dir() / "readout" / "runs" / _slug(model.cfg.model_name)
     history: list[dict[str, float]] = []
     fired = torch.zeros(width, device=device)
     rows_seen = 0
-    with Tracker(out_dir, project=wandb_project, name="readout-fit", config=asdict(cfg) | {"width": width},
-                 use_wandb=use_wandb) as tracker:
-        bar = tqdm(range(1, cfg.steps + 1), desc="readout SAE fit", disable=not progress)
-        steps_done = 0
-        for step in bar:
-            if cfg.max_seconds is not None and time.perf_counter() - start_time > cfg.max_seconds:
-                logger.warning("Stopping at step %d of %d: max_seconds=%s reached.", step - 1, cfg.steps, cfg.max_seconds)
-                break
-            steps_done = step
-            pick = torch.cat([torch.multinomial(freq_probs, n_freq, replacement=True, generator=gen) if n_freq else
-                              torch.empty(0, dtype=torch.long),
-                              torch.randint(d_vocab, (cfg.batch_rows - n_freq,), generator=gen)]).to(device)
-            pairs = torch.randint(h_bank.shape[0], (cfg.batch_pairs,), generator=gen).to(device)
-            tok = top1[pairs]
-            batch = torch.cat([x[pick], x[tok]])
-            top = (batch @ sae.W_enc + sae.b_enc).topk(cfg.k, dim=-1)
-            vals = torch.relu(top.values)
-            x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[top.indices])
-            mse = F.mse_loss(x_hat[: len(pick)], batch[: len(pick)])
-            h = h_bank[pairs]
-            r = norms[tok, None] * (x[tok] - x_hat[len(pick):])  # r_t = w_t − (μ + a_t x̂_t)
-            ratio = (h * r).sum(-1) / (h * rows[tok]).sum(-1).abs().clamp_min(1e-6)
-            prism = ratio.pow(2).mean()
-            code_pen = vals[: len(pick)].pow(2).sum() / (len(pick) * width)  # mean over all F code entries
-            loss = mse + cfg.lambda_prism * prism + cfg.code_l2 * code_pen
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            opt.step()
-            with torch.no_grad():
-                sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8))
-                fired.index_add_(0, top.indices[: len(pick)][vals[: len(pick)] > 0],
-                                 torch.ones(int((vals[: len(pick)] > 0).sum()), device=device))
-                rows_seen += len(pick)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                record = {"step": step, "loss": loss.item(), "mse": mse.item(), "prism": prism.item(),
-                          "code_l2": code_pen.item(), "row_ev_batch": 1.0 - mse.item() * d_model,
-                          "dead_rate_window": (fired == 0).float().mean().item(),
-                          "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
-                          "seconds": time.perf_counter() - start_time}
-                history.append(record)
-                tracker.log_scalars("train", record, step=step)
-                bar.set_postfix(mse=f"{record['mse']:.2e}", prism=f"{record['prism']:.3f}",
-                                dead=f"{record['dead_rate_window']:.2f}")
-                fired.zero_()
-                rows_seen = 0
-        sae.store_codes(rows)
-        sae._bound_rows = rows  # decompose() needs no model= right after fitting
-        usage = feature_usage(sae)
-        final = {"dead_rate": (usage == 0).float().mean().item(),
-                 "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),
-                 "row_ev": row_explained_variance(sae, rows), "seconds": time.perf_counter() - start_time,
-                 "width": width, "k": cfg.k, "steps": steps_done}
-        tracker.log_scalars("final", final)
-        if history:
-            tracker.log_table("train_history", list(history[0]), [list(r.values()) for r in history])
-    logger.info("Readout SAE fitted in %.0f s: rowEV %.3f, dead %.3f, rare %.3f", final["seconds"], final["row_ev"],
-                final["dead_rate"], final["rare_rate"])
+    bar = tqdm(range(1, cfg.steps + 1), desc="readout SAE fit", disable=not progress)
+    steps_done = 0
+    for step in bar:
+        if cfg.max_seconds is not None and time.perf_counter() - start_time > cfg.max_seconds:
+            logger.warning("Stopping at step %d of %d: max_seconds=%s reached.", step - 1, cfg.steps, cfg.max_seconds)
+            break
+        steps_done = step
+        pick = torch.cat(
+            [
+                torch.multinomial(freq_probs, n_freq, replacement=True, generator=gen)
+                if n_freq
+                else torch.empty(0, dtype=torch.long),
+                torch.randint(d_vocab, (cfg.batch_rows - n_freq,), generator=gen),
+            ]
+        ).to(device)
+        pairs = torch.randint(h_bank.shape[0], (cfg.batch_pairs,), generator=gen).to(device)
+        tok = top1[pairs]
+        batch = torch.cat([x[pick], x[tok]])
+        idx, vals = topk_relu_codes(batch @ sae.W_enc + sae.b_enc, cfg.k)
+        x_hat = torch.einsum("bk,bkd->bd", vals, sae.W_dec[idx])
+        mse = F.mse_loss(x_hat[: len(pick)], batch[: len(pick)])
+        h = h_bank[pairs]
+        r = norms[tok, None] * (x[tok] - x_hat[len(pick) :])  # r_t = w_t − (μ + a_t x̂_t)
+        ratio = (h * r).sum(-1) / (h * rows[tok]).sum(-1).abs().clamp_min(1e-6)
+        prism = ratio.pow(2).mean()
+        code_pen = vals[: len(pick)].pow(2).sum() / (len(pick) * width)  # mean over all F code entries
+        loss = mse + cfg.lambda_prism * prism + cfg.code_l2 * code_pen
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        with torch.no_grad():
+            sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-8))
+            fired.index_add_(
+                0,
+                idx[: len(pick)][vals[: len(pick)] > 0],
+                torch.ones(int((vals[: len(pick)] > 0).sum()), device=device),
+            )
+            rows_seen += len(pick)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            record = {
+                "step": step,
+                "loss": loss.item(),
+                "mse": mse.item(),
+                "prism": prism.item(),
+                "code_l2": code_pen.item(),
+                "row_ev_batch": 1.0 - mse.item() * d_model,
+                "dead_rate_window": (fired == 0).float().mean().item(),
+                "rare_rate_window": ((fired > 0) & (fired < 1e-4 * rows_seen)).float().mean().item(),
+                "seconds": time.perf_counter() - start_time,
+            }
+            history.append(record)
+            bar.set_postfix(
+                mse=f"{record['mse']:.2e}", prism=f"{record['prism']:.3f}", dead=f"{record['dead_rate_window']:.2f}"
+            )
+            fired.zero_()
+            rows_seen = 0
+    sae.store_codes(rows)
+    sae.bound_rows = rows  # decompose() needs no model= right after fitting
+    usage = feature_usage(sae)
+    final = {
+        "dead_rate": (usage == 0).float().mean().item(),
+        "rare_rate": ((usage > 0) & (usage < cfg.rare_rows)).float().mean().item(),
+        "row_ev": row_explained_variance(sae, rows),
+        "seconds": time.perf_counter() - start_time,
+        "width": width,
+        "k": cfg.k,
+        "steps": steps_done,
+    }
+    logger.info(
+        "Readout SAE fitted in %.0f s: rowEV %.3f, dead %.3f, rare %.3f",
+        final["seconds"],
+        final["row_ev"],
+        final["dead_rate"],
+        final["rare_rate"],
+    )
     return ReadoutFit(sae=sae, config=cfg, seconds=final["seconds"], history=history, final=final)
 
 
 @torch.no_grad()
 def row_explained_variance(sae: ReadoutSAE, rows: torch.Tensor) -> float:
     """rowEV = 1 − Σ‖w_t − ŵ_t‖² / Σ‖w_t − μ‖² over all vocabulary rows (raw row space)."""
-    err = sum(((rows[i] - sae.reconstructed_rows(torch.arange(i.start, i.stop))) ** 2).sum().item()
-              for i in _chunks(rows.shape[0], 4096))
+    err = sum(
+        ((rows[i] - sae.reconstructed_rows(torch.arange(i.start, i.stop))) ** 2).sum().item()
+        for i in _chunks(rows.shape[0], 4096)
+    )
     return 1.0 - err / ((rows - sae.b_dec) ** 2).sum().item()
 
 
 def _chunks(n: int, size: int):
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in str(name)).strip("-") or "model"

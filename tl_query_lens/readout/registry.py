@@ -35,8 +35,13 @@ def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
 
 
 READOUT_RELEASES = LocalReleases(
-    prefix=RELEASE_PREFIX, cache_subdir="readout", loader_name=LOADER_NAME, command=fit_command,
-    shipped=shipped_releases, what="readout SAE", verb="Fit",
+    prefix=RELEASE_PREFIX,
+    cache_subdir="readout",
+    loader_name=LOADER_NAME,
+    command=fit_command,
+    shipped=shipped_releases,
+    what="readout SAE",
+    verb="Fit",
 )
 
 
@@ -70,5 +75,14 @@ def register_releases(extra: dict[str, dict[str, Any]] | None = None) -> list[st
     return READOUT_RELEASES.register(extra)
 
 
-__all__ = ["READOUT_RELEASES", "ReleaseIds", "cached_ids", "cached_sae_path", "fit_command", "readout_loader",
-           "register_releases", "release_name", "shipped_releases"]
+__all__ = [
+    "READOUT_RELEASES",
+    "ReleaseIds",
+    "cached_ids",
+    "cached_sae_path",
+    "fit_command",
+    "readout_loader",
+    "register_releases",
+    "release_name",
+    "shipped_releases",
+]

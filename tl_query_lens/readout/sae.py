@@ -25,6 +25,9 @@ from sae_lens import SAE, SAEConfig, register_sae_class
 from sae_lens.registry import SAE_CLASS_REGISTRY
 from torch import nn
 
+from tl_query_lens.errors import InputTypeError
+from tl_query_lens.primitives import normalise_rows, topk_relu, topk_relu_codes
+
 logger = logging.getLogger(__name__)
 
 
@@ -55,7 +58,9 @@ class ReadoutSAEConfig(SAEConfig):
         if not 0 < self.k <= self.d_sae:
             raise ValueError(f"k must be in 1..d_sae={self.d_sae}, got {self.k}.")
         if not self.apply_b_dec_to_input:
-            raise ValueError("A readout SAE subtracts the row mean μ (= b_dec) from its input: keep apply_b_dec_to_input.")
+            raise ValueError(
+                "A readout SAE subtracts the row mean μ (= b_dec) from its input: keep apply_b_dec_to_input."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return super().to_dict()
@@ -81,6 +86,9 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         self.register_buffer("row_norms", torch.ones(cfg.d_vocab, **kw))
         self.register_buffer("code_indices", torch.zeros(cfg.d_vocab, cfg.k, dtype=torch.int64, device=self.device))
         self.register_buffer("code_values", torch.zeros(cfg.d_vocab, cfg.k, **kw))
+        # The LM-head rows set by :func:`~tl_query_lens.readout.decompose.bind` (not saved; moved by ``.to``).
+        self.register_buffer("bound_rows", None, persistent=False)
+        self._residual_cache: tuple | None = None
 
     # ----------------------------------------------------------------------------------------------- SAE interface
     @property
@@ -167,56 +175,50 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
             raise IndexError(f"Token ids must be in 0..{self.cfg.d_vocab - 1} (this dictionary's vocabulary).")
         return tokens
 
-    def reconstructed_rows(self, tokens: Int[torch.Tensor, " n"] | None = None, *,
-                           chunk: int = 4096) -> Float[torch.Tensor, "n d_model"]:
+    def reconstructed_rows(
+        self, tokens: Int[torch.Tensor, " n"] | None = None, *, chunk: int = 4096
+    ) -> Float[torch.Tensor, "n d_model"]:
         """ŵ_t = μ + Σ_i z_{t,i} d_i from the stored codes (densified in chunks of rows to bound memory)."""
         idx, val = self.row_codes(tokens)
-        return torch.cat([decode_sparse(i, v, self.W_dec) for i, v in zip(idx.split(chunk), val.split(chunk))]
-                         ) + self.b_dec
-
-    def row_residuals(self, rows: Float[torch.Tensor, "d_vocab d_model"]) -> Float[torch.Tensor, "d_vocab d_model"]:
-        """r_t = w_t − ŵ_t for every row in float64, cached for these ``rows`` (recomputed when they or the weights
-        change)."""
-        return self._float64_rows(rows)[1]
+        return (
+            torch.cat([decode_sparse(i, v, self.W_dec) for i, v in zip(idx.split(chunk), val.split(chunk))])
+            + self.b_dec
+        )
 
     def _float64_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (rows.data_ptr(), tuple(rows.shape), rows._version, self.W_dec._version, self.code_values._version)
-        cached = getattr(self, "_residual_cache", None)
-        if cached is None or cached[0] != key:
+        # The cache holds ``rows`` itself, so ``is`` + version counters identify it (no reused data_ptr can alias).
+        versions = (rows._version, self.W_dec._version, self.b_dec._version, self.code_values._version)
+        cached = self._residual_cache
+        if cached is None or cached[0] is not rows or cached[1] != versions:
             with torch.no_grad():  # float64, so the identity holds to ~1e-12 whatever the score's size
                 W_dec = self.W_dec.double()
-                recon = torch.cat([decode_sparse(i, v, W_dec) for i, v in
-                                   zip(self.code_indices.split(4096), self.code_values.split(4096))])
+                recon = torch.cat(
+                    [
+                        decode_sparse(i, v, W_dec)
+                        for i, v in zip(self.code_indices.split(4096), self.code_values.split(4096))
+                    ]
+                )
                 rows64 = rows.to(W_dec)
-                cached = (key, rows64, rows64 - recon - self.b_dec.double())
+                cached = (rows, versions, rows64, rows64 - recon - self.b_dec.double())
             self._residual_cache = cached
-        return cached[1], cached[2]
-
-    def beta(self, alpha: Float[torch.Tensor, " d_vocab"]) -> Float[torch.Tensor, " d_sae"]:
-        """β_i(α) = Σ_t α_t z_{t,i} (DESIGN §6), from the stored sparse codes; only rows with α_t ≠ 0 are read."""
-        rows = alpha.nonzero().squeeze(-1)
-        idx, val = self.code_indices[rows], self.code_values[rows]
-        weighted = (alpha[rows, None].to(val.dtype) * val).reshape(-1)
-        return torch.zeros(self.cfg.d_sae, dtype=val.dtype, device=val.device).index_add_(0, idx.reshape(-1), weighted)
+        return cached[2], cached[3]
 
     @torch.no_grad()
     def store_codes(self, rows: Float[torch.Tensor, "d_vocab d_model"], *, batch_size: int = 4096) -> None:
         """(Re)compute μ-centred norms and the sparse codes of every row from the current encoder."""
         if rows.shape != (self.cfg.d_vocab, self.cfg.d_in):
             raise ValueError(f"Expected rows of shape {(self.cfg.d_vocab, self.cfg.d_in)}, got {tuple(rows.shape)}.")
-        centred = rows.to(self.W_enc) - self.b_dec
-        norms = centred.norm(dim=-1)
+        _, norms, x = normalise_rows(rows.to(self.W_enc), self.b_dec)
         self.row_norms.copy_(norms)
-        x = centred / norms.clamp_min(torch.finfo(centred.dtype).tiny)[:, None]
         for start in range(0, rows.shape[0], batch_size):
             pre = torch.relu(x[start : start + batch_size] @ self.W_enc + self.b_enc)
-            top = pre.topk(self.cfg.k, dim=-1)
-            self.code_indices[start : start + batch_size] = top.indices
-            self.code_values[start : start + batch_size] = top.values * norms[start : start + batch_size, None]
+            idx, val = topk_relu_codes(pre, self.cfg.k)
+            self.code_indices[start : start + batch_size] = idx
+            self.code_values[start : start + batch_size] = val * norms[start : start + batch_size, None]
 
     # ------------------------------------------------------------------------------------------- construction
     @classmethod
-    def fit(cls, model, tokens: torch.Tensor | None = None, **kwargs) -> ReadoutSAE:
+    def fit(cls, model, tokens: torch.Tensor | None = None, **kwargs: Any) -> ReadoutSAE:
         """Fit a readout SAE to ``model``'s unembedding rows; see :func:`tl_query_lens.readout.fit.fit_readout`."""
         from tl_query_lens.readout.fit import fit_readout
 
@@ -251,32 +253,40 @@ def decode_sparse(indices: torch.Tensor, values: torch.Tensor, W_dec: torch.Tens
     return dense.scatter_(1, indices, values.to(W_dec.dtype)) @ W_dec
 
 
-def topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
-    """TopK_k(ReLU(pre)) over the last axis (ties broken by torch.topk)."""
-    top = pre.topk(k, dim=-1)
-    return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
-
-
 def unembedding_rows(model) -> Float[torch.Tensor, "d_vocab d_model"]:
     """The LM head's rows w_t (TL ``W_U`` is [d_model, d_vocab]; final-norm weights folded in by ``fold_ln``)."""
     return model.W_U.detach().T.float()
 
 
 def check_compatible(sae: ReadoutSAE, model, *, atol: float = 1e-3) -> None:
-    """Raise unless ``sae`` was fitted to ``model``'s unembedding (widths, vocabulary, and row norms a_t agree)."""
+    """Raise unless ``sae`` was fitted to ``model``'s unembedding (widths, vocabulary, and row norms a_t agree).
+
+    The readout methods call it first, so it also names the fix when a caller passed the SAE where the model goes.
+    """
+    if isinstance(model, ReadoutSAE):
+        raise InputTypeError(
+            "The readout SAE was passed where the model goes: every readout function takes the model first, "
+            "then the readout SAE, e.g. evaluate_readout(model, sae, states) or bind(model, sae)."
+        )
     d_model, d_vocab = model.cfg.d_model, model.cfg.d_vocab
     if sae.cfg.d_in != d_model:
-        raise ValueError(f"This readout SAE has d_in={sae.cfg.d_in} but the model has d_model={d_model}: it was "
-                         f"fitted to another model; fit one with ReadoutSAE.fit(model) or `tlql readout fit`.")
+        raise ValueError(
+            f"This readout SAE has d_in={sae.cfg.d_in} but the model has d_model={d_model}: it was "
+            f"fitted to another model; fit one with ReadoutSAE.fit(model) or `tlql readout fit`."
+        )
     if sae.cfg.d_vocab != d_vocab:
-        raise ValueError(f"Vocabulary mismatch: the readout SAE has {sae.cfg.d_vocab} rows, the model's LM head "
-                         f"{d_vocab}; fit one for this model with ReadoutSAE.fit(model) or `tlql readout fit`.")
+        raise ValueError(
+            f"Vocabulary mismatch: the readout SAE has {sae.cfg.d_vocab} rows, the model's LM head "
+            f"{d_vocab}; fit one for this model with ReadoutSAE.fit(model) or `tlql readout fit`."
+        )
     rows = unembedding_rows(model).to(sae.b_dec)
     norms = (rows - sae.b_dec).norm(dim=-1)
     err = (norms - sae.row_norms).abs().max().item()
     if err > atol * max(1.0, sae.row_norms.abs().max().item()):
-        raise ValueError(f"The model's LM-head rows differ from the ones this readout SAE was fitted to (max row-norm "
-                         f"difference {err:.3g}); load the same model (same fold_ln settings) or refit.")
+        raise ValueError(
+            f"The model's LM-head rows differ from the ones this readout SAE was fitted to (max row-norm "
+            f"difference {err:.3g}); load the same model (same fold_ln settings) or refit."
+        )
 
 
 if "readout" not in SAE_CLASS_REGISTRY:

@@ -43,8 +43,14 @@ class StateBank(SavableResult):
         return int(self.states.shape[0])
 
     def subset(self, index: torch.Tensor) -> StateBank:
-        return StateBank(self.states[index], self.sequence[index], self.position[index], self.hook_index[index],
-                         self.top1[index], list(self.hooks))
+        return StateBank(
+            self.states[index],
+            self.sequence[index],
+            self.position[index],
+            self.hook_index[index],
+            self.top1[index],
+            list(self.hooks),
+        )
 
 
 def logit_lens(model) -> Lens:
@@ -65,10 +71,14 @@ def check_state(h: torch.Tensor, d_model: int) -> torch.Tensor:
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"h must be a torch.Tensor of decoded states [..., d_model], got {type(h).__name__}.")
     if h.shape[-1] != d_model:
-        raise ValueError(f"h has last dimension {h.shape[-1]} but the readout SAE has d_model={d_model}; pass decoded "
-                         f"states h̃ = LN_f(resid) (or a lens output) of the model the dictionary was fitted to.")
+        raise ValueError(
+            f"h has last dimension {h.shape[-1]} but the readout SAE has d_model={d_model}; pass decoded "
+            f"states h̃ = LN_f(resid) (or a lens output) of the model the dictionary was fitted to."
+        )
     if not torch.isfinite(h).all():
-        raise NonFiniteError("h contains NaN or inf; decode states from a finite forward pass (check the lens / dtype).")
+        raise NonFiniteError(
+            "h contains NaN or inf; decode states from a finite forward pass (check the lens / dtype)."
+        )
     return h
 
 

@@ -96,8 +96,9 @@ def _table(columns: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def build_report(path: str | Path, sections: list[Section], *, title: str = "tl_query_lens report",
-                 subtitle: str = "") -> Path:
+def build_report(
+    path: str | Path, sections: list[Section], *, title: str = "tl_query_lens report", subtitle: str = ""
+) -> Path:
     """Write a single self-contained HTML file (plotly.js inlined once, so it opens offline)."""
     from plotly.offline import get_plotlyjs
 

@@ -60,8 +60,10 @@ class ActivationCache:
             raise FileNotFoundError(f"No activation cache at {path}; build it with cache_activations(...).")
         info = json.loads(info_file.read_text(encoding="utf-8"))
         if info["done_seqs"] < info["n_seqs"]:
-            raise RuntimeError(f"The activation cache at {path} is incomplete ({info['done_seqs']} of {info['n_seqs']} "
-                               "sequences); rerun cache_activations(...) with the same tokens to finish it.")
+            raise RuntimeError(
+                f"The activation cache at {path} is incomplete ({info['done_seqs']} of {info['n_seqs']} "
+                "sequences); rerun cache_activations(...) with the same tokens to finish it."
+            )
         return cls(path, list(info["hooks"]), info["n_seqs"] * info["seq_len"], info["fingerprint"])
 
 
@@ -92,8 +94,15 @@ def cache_activations(
         check_hook(model, hook)
     dims = hook_dims(model, hooks)
     n_seqs, seq_len = tokens.shape
-    info = {"hooks": hooks, "dims": [dims[h] for h in hooks], "n_seqs": n_seqs, "seq_len": seq_len,
-            "fingerprint": corpus_fingerprint(tokens), "model": model.cfg.model_name, "dtype": "float16"}
+    info = {
+        "hooks": hooks,
+        "dims": [dims[h] for h in hooks],
+        "n_seqs": n_seqs,
+        "seq_len": seq_len,
+        "fingerprint": corpus_fingerprint(tokens),
+        "model": model.cfg.model_name,
+        "dtype": "float16",
+    }
     info_file = out / "cache.json"
     done = 0
     if info_file.exists():
@@ -106,7 +115,9 @@ def cache_activations(
     out.mkdir(parents=True, exist_ok=True)
     mode = "r+" if done else "w+"
     arrays = {
-        h: np.lib.format.open_memmap(out / _file_name(h), mode=mode, dtype=np.float16, shape=(n_seqs * seq_len, dims[h]))
+        h: np.lib.format.open_memmap(
+            out / _file_name(h), mode=mode, dtype=np.float16, shape=(n_seqs * seq_len, dims[h])
+        )
         for h in hooks
     }
     write_json(info_file, {**info, "done_seqs": done})
@@ -124,12 +135,13 @@ def cache_activations(
                 act = cache[hook].reshape(-1, dims[hook]).float()
                 peak = act.abs().max().item()
                 if not peak < FP16_MAX:
-                    raise OverflowError(f"An activation at {hook} reaches {peak:.3g}, beyond float16; "
-                                        "this model needs a float32 activation cache.")
+                    raise OverflowError(
+                        f"An activation at {hook} reaches {peak:.3g}, beyond float16; "
+                        "this model needs a float32 activation cache."
+                    )
                 arrays[hook][rows] = act.cpu().numpy().astype(np.float16)
             for array in arrays.values():
                 array.flush()
             write_json(info_file, {**info, "done_seqs": start + batch.shape[0]})
             bar.update(batch.numel())
     return ActivationCache(out, hooks, n_seqs * seq_len, info["fingerprint"])
-

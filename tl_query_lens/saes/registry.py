@@ -30,8 +30,10 @@ def parse_sae_id(name: str) -> tuple[Literal["sae", "transcoder"], int]:
     """Inverse of :func:`sae_id`; a clear error for anything else."""
     match = _ID.match(name)
     if not match:
-        raise KeyError(f"Unknown dictionary id {name!r}; ids are 'blocks.L.hook_resid_post' (residual SAE) or "
-                       "'blocks.L.transcoder' (MLP transcoder), e.g. 'blocks.12.hook_resid_post'.")
+        raise KeyError(
+            f"Unknown dictionary id {name!r}; ids are 'blocks.L.hook_resid_post' (residual SAE) or "
+            "'blocks.L.transcoder' (MLP transcoder), e.g. 'blocks.12.hook_resid_post'."
+        )
     return ("sae" if match.group(2) == "hook_resid_post" else "transcoder"), int(match.group(1))
 
 
@@ -54,8 +56,12 @@ def shipped_releases() -> dict[str, dict[str, Any]]:
 
 
 SAES_RELEASES = LocalReleases(
-    prefix="tlql-saes-", cache_subdir="saes", loader_name="tlql_saes", command=train_command,
-    shipped=shipped_releases, what="trained SAE or transcoder",
+    prefix="tlql-saes-",
+    cache_subdir="saes",
+    loader_name="tlql_saes",
+    command=train_command,
+    shipped=shipped_releases,
+    what="trained SAE or transcoder",
 )
 
 

@@ -21,14 +21,29 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm.auto import tqdm
 
-from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.dictionaries.splice import _ce_sum
+from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.primitives import kl_divergence
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = ["sae_id", "kind", "layer", "d_sae", "mean_l0", "alive_rate", "dead_rate", "explained_variance",
-           "ce_clean", "ce_spliced", "ce_zero", "ce_recovered", "kl", "n_tokens"]
+COLUMNS = [
+    "sae_id",
+    "kind",
+    "layer",
+    "d_sae",
+    "mean_l0",
+    "alive_rate",
+    "dead_rate",
+    "explained_variance",
+    "ce_clean",
+    "ce_spliced",
+    "ce_zero",
+    "ce_recovered",
+    "kl",
+    "n_tokens",
+]
 
 
 @dataclass
@@ -41,6 +56,8 @@ class SAEReportConfig:
         seq_len: tokens per sequence.
         seed: which windows are drawn.
         batch_size: sequences per forward pass.
+        exclude_first_positions: leading positions left unspliced and out of the statistics (see
+            :func:`suite_quality`).
     """
 
     corpus: str = "stdlib"
@@ -48,6 +65,7 @@ class SAEReportConfig:
     seq_len: int = 128
     seed: int = 0
     batch_size: int = 8
+    exclude_first_positions: int = 1
 
     def __post_init__(self) -> None:
         if self.n_seqs < 1 or self.seq_len < 2 or self.batch_size < 1:
@@ -75,9 +93,11 @@ class SuiteQuality(SavableResult):
         lines = [head, "|" + "---|" * 10]
         for r in self.rows:
             window = f"{r['alive_train_window']:.1%}" if "alive_train_window" in r else "–"
-            lines.append(f"| `{r['sae_id']}` | {r['mean_l0']:.1f} | {r['alive_rate']:.1%} | {window} | "
-                         f"{r['explained_variance']:.3f} | {r['ce_clean']:.3f} | {r['ce_spliced']:.3f} | "
-                         f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |")
+            lines.append(
+                f"| `{r['sae_id']}` | {r['mean_l0']:.1f} | {r['alive_rate']:.1%} | {window} | "
+                f"{r['explained_variance']:.3f} | {r['ce_clean']:.3f} | {r['ce_spliced']:.3f} | "
+                f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |"
+            )
         return "\n".join(lines)
 
 
@@ -113,12 +133,26 @@ def suite_quality(
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     batch_size: int = 8,
+    exclude_first_positions: int = 1,
 ) -> SuiteQuality:
-    """Quality of every dictionary in ``saes`` (id → SAE) on ``tokens``; one clean forward pass per batch."""
+    """Quality of every dictionary in ``saes`` (id → SAE) on ``tokens``; one clean forward pass per batch.
+
+    The first ``exclude_first_positions`` positions of every window keep their clean activation in the splice and
+    are left out of L0, alive, EV and KL (SAEBench's ``exclude_special_tokens_from_reconstruction``, applied by
+    position because the windows start mid-text: SmolLM2's first position is an attention sink, see
+    ``SAESuiteConfig.exclude_first_positions``). The zero ablation zeroes every position, as SAEBench's does.
+    """
     from tl_query_lens.hooks import check_hook
 
+    if not 0 <= exclude_first_positions < tokens.shape[1] - 1:
+        raise ValueError(
+            f"exclude_first_positions={exclude_first_positions} leaves no position of the {tokens.shape[1]}-token "
+            "windows to evaluate; use 0 or 1, or longer windows."
+        )
     if tokens.numel() == 0 or tokens.shape[1] < 2:
-        raise ValueError("Need at least one sequence of >= 2 tokens; load them with load_corpus(..., split='evaluation').")
+        raise ValueError(
+            "Need at least one sequence of >= 2 tokens; load them with load_corpus(..., split='evaluation')."
+        )
     start = time.perf_counter()
     needed: set[str] = set()
     for sae in saes.values():
@@ -126,35 +160,48 @@ def suite_quality(
         needed |= {sae.cfg.metadata.hook_name, _write_hook(sae), f"blocks.{layer}.hook_resid_mid"}
     for hook in needed:
         check_hook(model, hook)
-    stats = {sid: {"fired": torch.zeros(sae.cfg.d_sae, dtype=torch.bool), "l0": 0.0, "sse": 0.0, "y_sum": 0.0,
-                   "y_sq": 0.0, "ce_spliced": 0.0, "ce_zero": 0.0, "kl": 0.0} for sid, sae in saes.items()}
+    stats = {
+        sid: {
+            "fired": torch.zeros(sae.cfg.d_sae, dtype=torch.bool),
+            "l0": 0.0,
+            "sse": 0.0,
+            "y_sum": 0.0,
+            "y_sq": 0.0,
+            "ce_spliced": 0.0,
+            "ce_zero": 0.0,
+            "kl": 0.0,
+        }
+        for sid, sae in saes.items()
+    }
     ce_clean = 0.0
     n_tok = 0
     device = next(model.parameters()).device
+    keep = torch.arange(tokens.shape[1], device=device) >= exclude_first_positions  # positions that are spliced
     for begin in tqdm(range(0, tokens.shape[0], batch_size), desc="report batches"):
         batch = tokens[begin : begin + batch_size].to(device)
         logits, cache = model.run_with_cache(batch, names_filter=sorted(needed))
         ce_clean += _ce_sum(logits, batch)
         logp = logits.log_softmax(-1)
-        n_tok += batch.numel()
+        n_tok += batch.shape[0] * int(keep.sum())
         for sid, sae in saes.items():
             s = stats[sid]
             x, y = cache[sae.cfg.metadata.hook_name], cache[_write_hook(sae)]
             acts = sae.encode(x)
-            y_hat = sae.decode(acts).to(y.dtype)
-            nonzero = acts != 0
+            y_hat = torch.where(keep[:, None], sae.decode(acts).to(y.dtype), y)
+            nonzero = (acts != 0)[:, keep]
             s["fired"] |= nonzero.reshape(-1, sae.cfg.d_sae).any(0).cpu()
             s["l0"] += nonzero.sum().item()
             s["sse"] += (y - y_hat).pow(2).sum().item()
-            s["y_sum"] = s["y_sum"] + y.reshape(-1, y.shape[-1]).double().sum(0)
-            s["y_sq"] += y.double().pow(2).sum().item()
+            y_kept = y[:, keep]
+            s["y_sum"] = s["y_sum"] + y_kept.reshape(-1, y.shape[-1]).double().sum(0)
+            s["y_sq"] += y_kept.double().pow(2).sum().item()
             restart = _layer(sae) + 1
             spliced = model(_residual_after(sae, cache, y_hat), start_at_layer=restart)
             zeroed = model(_residual_after(sae, cache, torch.zeros_like(y)), start_at_layer=restart)
             s["ce_spliced"] += _ce_sum(spliced, batch)
             s["ce_zero"] += _ce_sum(zeroed, batch)
             logq = spliced.log_softmax(-1)
-            s["kl"] += (logp.exp() * (logp - logq)).sum().item()
+            s["kl"] += kl_divergence(logp, logq)[:, keep].sum().item()
     n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
     rows = []
     for sid, sae in saes.items():
@@ -162,13 +209,24 @@ def suite_quality(
         sst = s["y_sq"] - (s["y_sum"].pow(2).sum() / n_tok).item()
         clean, spliced, zero = ce_clean / n_pred, s["ce_spliced"] / n_pred, s["ce_zero"] / n_pred
         alive = s["fired"].float().mean().item()
-        rows.append({
-            "sae_id": sid, "kind": "transcoder" if sae.cfg.metadata.hook_name_out else "sae", "layer": _layer(sae),
-            "d_sae": sae.cfg.d_sae, "mean_l0": s["l0"] / n_tok, "alive_rate": alive, "dead_rate": 1.0 - alive,
-            "explained_variance": 1.0 - s["sse"] / max(sst, 1e-30), "ce_clean": clean, "ce_spliced": spliced,
-            "ce_zero": zero, "ce_recovered": (zero - spliced) / (zero - clean) if zero != clean else float("nan"),
-            "kl": s["kl"] / n_tok, "n_tokens": n_tok,
-        })
+        rows.append(
+            {
+                "sae_id": sid,
+                "kind": "transcoder" if sae.cfg.metadata.hook_name_out else "sae",
+                "layer": _layer(sae),
+                "d_sae": sae.cfg.d_sae,
+                "mean_l0": s["l0"] / n_tok,
+                "alive_rate": alive,
+                "dead_rate": 1.0 - alive,
+                "explained_variance": 1.0 - s["sse"] / max(sst, 1e-30),
+                "ce_clean": clean,
+                "ce_spliced": spliced,
+                "ce_zero": zero,
+                "ce_recovered": (zero - spliced) / (zero - clean) if zero != clean else float("nan"),
+                "kl": s["kl"] / n_tok,
+                "n_tokens": n_tok,
+            }
+        )
     return SuiteQuality(rows=rows, n_tokens=n_tok, seconds=time.perf_counter() - start)
 
 
@@ -195,8 +253,9 @@ def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
     checkpoint: log10 firing frequency, -10 = never fired), a larger sample than a small evaluation set."""
     from safetensors.torch import load_file
 
-    checkpoints = sorted((p for p in (folder / ".train" / "checkpoints").glob("*") if p.name.isdigit()),
-                         key=lambda p: int(p.name))
+    checkpoints = sorted(
+        (p for p in (folder / ".train" / "checkpoints").glob("*") if p.name.isdigit()), key=lambda p: int(p.name)
+    )
     if not checkpoints:
         return
     for row in quality.rows:
@@ -225,13 +284,17 @@ def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any)
     out = Path(args.out)
     config = {**{k: v for k, v in vars(args).items() if k != "func"}, "report": vars(cfg), "suite": suite}
     with Tracker(out, project=args.wandb_project, name="saes-report", config=config, use_wandb=args.wandb) as tracker:
-        quality = suite_quality(model, saes, tokens, batch_size=cfg.batch_size)
+        quality = suite_quality(
+            model, saes, tokens, batch_size=cfg.batch_size, exclude_first_positions=cfg.exclude_first_positions
+        )
         quality.config = config
         _add_training_window_alive(quality, SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model))
         quality.save(out)
         (out / "quality.md").write_text(quality.markdown() + "\n", encoding="utf-8")
         tracker.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])
     print(quality.markdown())
-    print(f"{quality.n_tokens} evaluation tokens, {quality.seconds:.0f} s; dictionaries trained on "
-          f"{suite.get('training_tokens_seen', '?')} tokens each ({suite.get('status', '?')}); written to {out}")
+    print(
+        f"{quality.n_tokens} evaluation tokens, {quality.seconds:.0f} s; dictionaries trained on "
+        f"{suite.get('training_tokens_seen', '?')} tokens each ({suite.get('status', '?')}); written to {out}"
+    )
     return 0

@@ -46,6 +46,7 @@ from tl_query_lens.saes.transcoder import (
 logger = logging.getLogger(__name__)
 
 Kind = Literal["sae", "transcoder"]
+RECIPE = "transcoder-input-centred"  # code changes that alter trained weights; part of the checkpoint fingerprint
 
 
 @dataclass
@@ -71,6 +72,16 @@ class SAESuiteConfig:
         n_checkpoints: checkpoints (and exports) during training.
         seed: corpus sampling, initialisation and data-order seed.
         activation_batch_size: sequences per forward pass of the activation cache.
+        exclude_first_positions: leading positions of every window left out of training. SmolLM2's first position
+            is an attention sink whose residual norm is ~100x the others (98.9% of the layer-12 residual variance
+            of the cache, docs/saes.md): trained on it, an SAE spends its variance budget on one position. SAEBench
+            leaves BOS out of reconstruction for the same reason; our windows start mid-text, so the rule is by
+            position.
+        init_biases_from_mean: start the biases at the data mean (OpenAI's TopK recipe starts b_pre at the
+            geometric median; SAELens 6 starts them at zero). The cached activations' mean carries 36-66% of their
+            squared norm (docs/saes.md), so from zero a few features aligned with the mean win every token and the
+            rest die: an SAE's ``b_dec`` starts at the scaled input mean; a transcoder subtracts a fixed input mean
+            before its encoder (folded into ``b_enc`` on export) and its ``b_dec`` starts at the output mean.
     """
 
     model: str = "smollm2-135m"
@@ -90,6 +101,8 @@ class SAESuiteConfig:
     n_checkpoints: int = 20
     seed: int = 0
     activation_batch_size: int = 8
+    exclude_first_positions: int = 1
+    init_biases_from_mean: bool = True
 
     def __post_init__(self) -> None:
         self.layers = tuple(int(x) for x in self.layers)
@@ -102,7 +115,13 @@ class SAESuiteConfig:
         if not 0 < self.k <= self.d_sae:
             raise ValueError(f"k must be in 1..d_sae={self.d_sae}, got {self.k}.")
         if self.training_tokens < self.batch_size_tokens:
-            raise ValueError(f"training_tokens={self.training_tokens} is less than one batch ({self.batch_size_tokens}).")
+            raise ValueError(
+                f"training_tokens={self.training_tokens} is less than one batch ({self.batch_size_tokens})."
+            )
+        if not 0 <= self.exclude_first_positions < self.seq_len:
+            raise ValueError(
+                f"exclude_first_positions must be in 0..seq_len-1={self.seq_len - 1}, got {self.exclude_first_positions}."
+            )
         if not 0 <= self.lr_decay_fraction < 1:
             raise ValueError(f"lr_decay_fraction must be in [0, 1), got {self.lr_decay_fraction}.")
 
@@ -114,6 +133,7 @@ class SAESuiteConfig:
     def fingerprint(self) -> str:
         """Hash of everything that changes the trained weights (not ``n_checkpoints``)."""
         keys = {k: v for k, v in asdict(self).items() if k not in ("n_checkpoints", "activation_batch_size")}
+        keys["recipe"] = RECIPE
         return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -126,7 +146,7 @@ class SAESuiteResult(SavableResult):
         folder: the release folder (one sub-folder per ``sae_id``).
         sae_ids: the dictionaries trained.
         training_tokens_seen: activations each dictionary has been trained on.
-        epochs: passes over the cached tokens that this corresponds to.
+        epochs: passes over the cached training rows (every position from ``exclude_first_positions`` on).
         n_cached_tokens: tokens in the activation cache.
         activation_cache: its folder.
         resumed_from: the checkpoint this call started from, else None.
@@ -155,16 +175,33 @@ class ShuffledEpochs:
     transcoder). Batch ``p`` depends only on ``(seed, p)``, so a resumed run sees the same data as an unbroken one.
     """
 
-    def __init__(self, cache: ActivationCache, keys: dict[str, tuple[str, ...]], batch_size: int, seed: int,
-                 position: int = 0) -> None:
-        if cache.n_tokens < batch_size:
-            raise ValueError(f"The activation cache holds {cache.n_tokens} tokens, fewer than one batch ({batch_size}).")
+    def __init__(
+        self,
+        cache: ActivationCache,
+        keys: dict[str, tuple[str, ...]],
+        batch_size: int,
+        seed: int,
+        position: int = 0,
+        *,
+        seq_len: int | None = None,
+        exclude_first_positions: int = 0,
+    ) -> None:
+        if exclude_first_positions:
+            if not seq_len or cache.n_tokens % seq_len:
+                raise ValueError(f"seq_len={seq_len} does not divide the cache's {cache.n_tokens} tokens.")
+            self.rows = np.flatnonzero(np.arange(cache.n_tokens) % seq_len >= exclude_first_positions)
+        else:
+            self.rows = np.arange(cache.n_tokens)
+        if len(self.rows) < batch_size:
+            raise ValueError(
+                f"The activation cache holds {len(self.rows)} usable tokens, fewer than one batch ({batch_size})."
+            )
         self.arrays = {h: cache.array(h) for hooks in keys.values() for h in hooks}
         self.keys = keys
         self.batch_size = batch_size
         self.seed = seed
         self.position = position
-        self.per_epoch = cache.n_tokens // batch_size
+        self.per_epoch = len(self.rows) // batch_size
         self._perm: tuple[int, torch.Tensor] | None = None
 
     def __iter__(self) -> ShuffledEpochs:
@@ -175,10 +212,12 @@ class ShuffledEpochs:
         if self._perm is None or self._perm[0] != epoch:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = (epoch, torch.randperm(self.per_epoch * self.batch_size, generator=gen))
-        idx = np.sort(self._perm[1][i * self.batch_size : (i + 1) * self.batch_size].numpy())
+        idx = np.sort(self.rows[self._perm[1][i * self.batch_size : (i + 1) * self.batch_size].numpy()])
         self.position += 1
-        return {key: torch.from_numpy(np.concatenate([self.arrays[h][idx] for h in hooks], axis=1)).float()
-                for key, hooks in self.keys.items()}
+        return {
+            key: torch.from_numpy(np.concatenate([self.arrays[h][idx] for h in hooks], axis=1)).float()
+            for key, hooks in self.keys.items()
+        }
 
 
 class _CheckpointingTrainer(MultiSAETrainer):
@@ -186,10 +225,22 @@ class _CheckpointingTrainer(MultiSAETrainer):
 
     keep = 2
 
-    def __init__(self, *args: Any, data: ShuffledEpochs, on_checkpoint, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, data: ShuffledEpochs, on_checkpoint, means: dict | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.data = data
         self.on_checkpoint = on_checkpoint
+        self.means = means  # sae id -> (input mean, output mean or None); used once, on a fresh start
+
+    def _estimate_scaling_factors(self) -> None:
+        super()._estimate_scaling_factors()
+        if self.means is None:
+            return
+        for sid, (x_mean, y_mean) in self.means.items():
+            factor = self.trainers[sid].activation_scaler.scaling_factor
+            init_biases_from_mean(self.saes[sid], x_mean * (factor or 1.0), y_mean)
+        self.means = None
 
     def save_checkpoint(self, checkpoint_name: str, wandb_aliases: list[str] | None = None) -> None:
         base = Path(str(self.cfg.checkpoint_path))
@@ -206,8 +257,40 @@ class _CheckpointingTrainer(MultiSAETrainer):
         self.on_checkpoint(final)
 
 
-def train_saes(model: HookedTransformer, cfg: SAESuiteConfig | None = None, *, tokens: torch.Tensor | None = None,
-               folder: str | Path | None = None, resume: bool = True, **overrides: Any) -> SAESuiteResult:
+@torch.no_grad()
+def init_biases_from_mean(sae, x_mean: torch.Tensor, y_mean: torch.Tensor | None = None) -> None:
+    """Start a TopK SAE or transcoder at the data mean (see ``SAESuiteConfig.init_biases_from_mean``).
+
+    SAE (``apply_b_dec_to_input``): ``b_dec = x̄``, so the encoder sees ``x − x̄``. Transcoder: a fixed input mean
+    x̄ is subtracted before the encoder (``center_input``; folded into ``b_enc`` on export) and ``b_dec = ȳ``.
+    """
+    x_mean = x_mean.to(sae.W_enc)
+    if y_mean is None:
+        if not sae.cfg.apply_b_dec_to_input:
+            raise ValueError("An SAE without apply_b_dec_to_input needs input centring; give it a transcoder's y_mean.")
+        sae.b_dec.copy_(x_mean)
+        return
+    sae.center_input(x_mean)
+    sae.b_dec.copy_(y_mean.to(sae.b_dec))
+
+
+def _mean_rows(data: ShuffledEpochs, hooks: tuple[str, ...], n: int = 65_536, seed: int = 0) -> torch.Tensor:
+    """Mean of ``n`` seeded training rows (the positions training uses) of ``hooks`` stacked on the last axis."""
+    gen = np.random.default_rng(seed)
+    rows = np.sort(gen.choice(data.rows, size=min(n, len(data.rows)), replace=False))
+    means = [torch.from_numpy(np.asarray(data.arrays[h][rows], dtype=np.float64).mean(0)) for h in hooks]
+    return torch.cat(means).float()
+
+
+def train_saes(
+    model: HookedTransformer,
+    cfg: SAESuiteConfig | None = None,
+    *,
+    tokens: torch.Tensor | None = None,
+    folder: str | Path | None = None,
+    resume: bool = True,
+    **overrides: Any,
+) -> SAESuiteResult:
     """Train (or resume) the suite and export it where ``SAE.from_pretrained("tlql-saes-<model>", id)`` finds it.
 
     Args:
@@ -227,8 +310,10 @@ def train_saes(model: HookedTransformer, cfg: SAESuiteConfig | None = None, *, t
     n_layers = model.cfg.n_layers
     bad = [layer for layer in cfg.layers if not 0 <= layer < n_layers]
     if bad:
-        raise IndexError(f"Layers {bad} are out of range; this model has layers 0..{n_layers - 1} "
-                         f"(e.g. --layers {','.join(str(x) for x in range(0, n_layers, max(1, n_layers // 4)))}).")
+        raise IndexError(
+            f"Layers {bad} are out of range; this model has layers 0..{n_layers - 1} "
+            f"(e.g. --layers {','.join(str(x) for x in range(0, n_layers, max(1, n_layers // 4)))})."
+        )
     root = Path(folder) if folder is not None else SAES_RELEASES.root() / SAES_RELEASES.release_name(cfg.model)
     train_dir = root / ".train"
     ckpt_dir = train_dir / "checkpoints"
@@ -241,8 +326,7 @@ def train_saes(model: HookedTransformer, cfg: SAESuiteConfig | None = None, *, t
 
         tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
     all_hooks = [h for sid in names for h in hooks[sid]]
-    cache = cache_activations(model, tokens, all_hooks, train_dir / "activations",
-                              batch_size=cfg.activation_batch_size)
+    cache = cache_activations(model, tokens, all_hooks, train_dir / "activations", batch_size=cfg.activation_batch_size)
     seconds_activations = time.perf_counter() - start
 
     state_file = train_dir / "state.json"
@@ -251,8 +335,9 @@ def train_saes(model: HookedTransformer, cfg: SAESuiteConfig | None = None, *, t
         old = json.loads(state_file.read_text(encoding="utf-8"))
         done = SAESuiteResult.load(train_dir / "result")
         if old.get("fingerprint") == cfg.fingerprint() and done.complete:
-            logger.info("the suite in %s is already trained (%d tokens each); nothing to do", root,
-                        done.training_tokens_seen)
+            logger.info(
+                "the suite in %s is already trained (%d tokens each); nothing to do", root, done.training_tokens_seen
+            )
             return done
     if state_file.exists():
         old = json.loads(state_file.read_text(encoding="utf-8"))
@@ -285,16 +370,31 @@ def train_saes(model: HookedTransformer, cfg: SAESuiteConfig | None = None, *, t
         logger=LoggingConfig(log_to_wandb=False),
         n_batches_for_norm_estimate=min(50, cache.n_tokens // cfg.batch_size_tokens),
     )
-    data = ShuffledEpochs(cache, {sid: hooks[sid] for sid in names}, cfg.batch_size_tokens, cfg.seed)
+    data = ShuffledEpochs(
+        cache,
+        {sid: hooks[sid] for sid in names},
+        cfg.batch_size_tokens,
+        cfg.seed,
+        seq_len=tokens.shape[1],
+        exclude_first_positions=cfg.exclude_first_positions,
+    )
 
     def export(checkpoint: Path | None) -> None:
-        _export(trainer, root, cfg, cache, complete=checkpoint is None)
+        _export(trainer, root, cfg, cache, len(data.rows), complete=checkpoint is None)
         if folder is None:
             SAES_RELEASES.register()
 
-    trainer = _CheckpointingTrainer(trainer_cfg, saes, {sid: sid for sid in names}, data, data=data,
-                                    on_checkpoint=export)
+    trainer = _CheckpointingTrainer(
+        trainer_cfg, saes, {sid: sid for sid in names}, data, data=data, on_checkpoint=export
+    )
     resumed_from = _resume(trainer, data, ckpt_dir) if resume else None
+    if resumed_from is None and cfg.init_biases_from_mean:
+        means = {}
+        for sid, (kind, _) in names.items():
+            both = _mean_rows(data, hooks[sid], seed=cfg.seed)
+            d_in = dims[hooks[sid][0]]
+            means[sid] = (both[:d_in], None) if kind == "sae" else (both[:d_in], both[d_in:])
+        trainer.means = means
 
     start = time.perf_counter()
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -313,10 +413,18 @@ def train_saes(model: HookedTransformer, cfg: SAESuiteConfig | None = None, *, t
     export(None)
     seen = trainer.n_training_samples
     result = SAESuiteResult(
-        release=SAES_RELEASES.release_name(cfg.model), folder=str(root), sae_ids=list(names),
-        training_tokens_seen=seen, epochs=seen / cache.n_tokens, n_cached_tokens=cache.n_tokens,
-        activation_cache=str(cache.path), resumed_from=resumed_from, seconds_activations=seconds_activations,
-        seconds_training=seconds_training, complete=seen >= trainer_cfg.total_training_samples, config=asdict(cfg),
+        release=SAES_RELEASES.release_name(cfg.model),
+        folder=str(root),
+        sae_ids=list(names),
+        training_tokens_seen=seen,
+        epochs=seen / len(data.rows),
+        n_cached_tokens=cache.n_tokens,
+        activation_cache=str(cache.path),
+        resumed_from=resumed_from,
+        seconds_activations=seconds_activations,
+        seconds_training=seconds_training,
+        complete=seen >= trainer_cfg.total_training_samples,
+        config=asdict(cfg),
     )
     result.save(train_dir / "result")
     if folder is None:
@@ -366,8 +474,9 @@ def _set_aside(ckpt_dir: Path, *, reason: str) -> None:
 
 
 @torch.no_grad()
-def _export(trainer: MultiSAETrainer, root: Path, cfg: SAESuiteConfig, cache: ActivationCache, *,
-            complete: bool) -> None:
+def _export(
+    trainer: MultiSAETrainer, root: Path, cfg: SAESuiteConfig, cache: ActivationCache, n_rows: int, *, complete: bool
+) -> None:
     """Write the current dictionaries in SAELens' inference format (activation scaling folded in) + suite.json."""
     for sid, sae in trainer.saes.items():
         scaler = trainer.trainers[sid].activation_scaler
@@ -384,12 +493,26 @@ def _export(trainer: MultiSAETrainer, root: Path, cfg: SAESuiteConfig, cache: Ac
         staging.rename(target)
         shutil.rmtree(old, ignore_errors=True)
     seen = trainer.n_training_samples
-    write_json(root / "suite.json", {
-        "model": cfg.model, "sae_ids": list(trainer.saes), "status": "complete" if complete else "partial",
-        "training_tokens_seen": seen, "training_tokens": cfg.n_steps * cfg.batch_size_tokens,
-        "epochs": seen / cache.n_tokens, "n_cached_tokens": cache.n_tokens, "activation_cache": str(cache.path),
-        "config": asdict(cfg), "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-    logger.info("exported %d dictionaries at %d samples (%.2f epochs) to %s", len(trainer.saes), seen,
-                seen / cache.n_tokens, root)
-
+    write_json(
+        root / "suite.json",
+        {
+            "model": cfg.model,
+            "sae_ids": list(trainer.saes),
+            "status": "complete" if complete else "partial",
+            "training_tokens_seen": seen,
+            "training_tokens": cfg.n_steps * cfg.batch_size_tokens,
+            "epochs": seen / n_rows,
+            "n_cached_tokens": cache.n_tokens,
+            "n_training_rows": n_rows,
+            "activation_cache": str(cache.path),
+            "config": asdict(cfg),
+            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
+    logger.info(
+        "exported %d dictionaries at %d samples (%.2f epochs) to %s",
+        len(trainer.saes),
+        seen,
+        seen / n_rows,
+        root,
+    )
