@@ -14,6 +14,10 @@ Formulas (DESIGN §5, arXiv 2606.07617 §3):
   ``blocks.l.hook_resid_post``: attention and MLP of every block k > l; ``hook_resid_mid``: MLP of l, then k > l;
   ``hook_resid_pre``: attention and MLP of l, then k > l).
 * QL_KEY ``ḡ = N_lᵀ k``, ``s_t = ⟨ḡ, (e_t − c)/‖e_t − c‖⟩``, c the mean embedding of the valid corpus tokens.
+* Post-norm FF-KV (Gemma-2 ``ln2_post``): ``v`` is no fixed direction, so the tangent ``t_i`` of the feature's
+  activation at ``blocks.l.mlp.hook_post`` is pushed instead — full ``M_src t_i``; first-order ``u + Σ_m J̄_m u`` with
+  the direct term ``u = D t_i``, ``D`` the corpus-mean Jacobian of ``hook_mlp_out`` w.r.t. ``hook_post``; LL_VALUE
+  ``W_U·LN_f(v ⊙ w_post)`` (docs/query_lens.md, "Post-norm blocks").
 
 ``LN_f`` is ``model.ln_final`` applied to the direction itself (not linearised): v/rms(v) (times w, with eps) for RMS,
 centre-and-scale (times w, plus b) for LayerNorm.
@@ -220,7 +224,8 @@ class QueryLens:
         basis: Basis | None = None,
     ) -> Float[torch.Tensor, "n d_model"]:
         """Each feature's residual direction before LN_f — ``M_l v`` (full), ``v + Σ_m J̄_m v`` (first_order) or ``v``
-        (logit_lens) — fp32, on the model's device."""
+        (logit_lens) — fp32, on the model's device. Post-norm FF-KV (Gemma-2): the activation tangent pushed from
+        ``mlp.hook_post`` instead of ``v`` (see :meth:`_source_terms`)."""
         view, ids = self._view(dictionary, features, 1)
         return self._value_terms(view, ids, method, basis)[0]
 
@@ -355,8 +360,9 @@ class QueryLens:
 
     def _push(self, kind: str, hook: str, directions: torch.Tensor) -> torch.Tensor:
         """Engine products on the feature basis ``directions`` (cached per feature set): ``[n, d]`` rows ``M v_i``
-        (value; ``hook`` may be ``"src->dst"`` for the operator into ``dst``), ``N_dstᵀ k_i`` (key); for ``kind="module"`` ``hook`` is a comma-joined list of layers and the result
-        is stored per module under ``blocks.k.attn`` / ``blocks.k.mlp``."""
+        (value; ``hook`` may be ``"src->dst"`` for the operator into ``dst``), ``N_dstᵀ k_i`` (key); for
+        ``kind="module"`` ``hook`` is a comma-joined list of layers and the result is stored per module under
+        ``blocks.k.attn`` / ``blocks.k.mlp``."""
         key = (kind, hook, basis_fingerprint(directions))
         if key not in self._pushed:
             if kind == "value":
