@@ -7,7 +7,10 @@ value i = row i of W_out, b_dec = b_out. x is read at ``blocks.l.ln2.hook_normal
 It is a transcoder: it reads the MLP input and writes ``blocks.l.hook_mlp_out``.
 Blocks with a norm after the MLP (Gemma-2's ``ln2_post``, ``use_normalization_before_and_after``) write
 ``RMS(a W_out + b_out)·w_post`` to ``hook_mlp_out``; the dictionary applies the same norm in ``decode``, so the vanilla
-splice stays exact, but its values then pass through a per-token norm and are no fixed residual directions.
+splice stays exact, but its values then pass through a per-token norm and are no fixed residual directions. Query Lens
+therefore defines a feature's value effect there as the corpus-mean Jacobian of a unit change of its activation: the
+tangent ``e_i / act_scale_i`` at ``blocks.l.mlp.hook_post`` (``KeyValueView.value_source`` / ``source_tangents``),
+pushed by the engine through ``W_out``, ``ln2_post`` and everything downstream (see ``QueryLens._source_terms``).
 """
 
 from __future__ import annotations

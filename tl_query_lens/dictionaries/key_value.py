@@ -45,6 +45,10 @@ class KeyValueView:
         dictionary: the wrapped object (its ``encode`` gives activations).
         fixed_values: False when the decoder passes ``Σ a_i v_i`` through a per-token norm before the write hook
             (FF-KV of a block with a post-MLP norm, Gemma-2): the values are then no fixed residual directions.
+        value_source: for such dictionaries, the hook before the norm where a change of feature i's activation is a
+            fixed tangent (:meth:`source_tangents`): ``blocks.l.mlp.hook_post`` for a post-norm FF-KV. Value
+            signatures push that tangent through the engine instead of ``v_i``. None: values are fixed directions,
+            or no such hook is known (hook_z SAEs of post-norm blocks).
     """
 
     keys: Float[torch.Tensor, "d_sae d_in"]
@@ -57,6 +61,7 @@ class KeyValueView:
     dictionary: Any = None
     fixed_values: bool = True
     head_index: int | None = None
+    value_source: str | None = None
 
     @property
     def d_sae(self) -> int:
@@ -79,6 +84,28 @@ class KeyValueView:
     def value_hook(self) -> str:
         """Residual-stream hook where values enter (``hook_mlp_out`` of layer l → ``blocks.l.hook_resid_post``)."""
         return residual_hook_of(self.write_hook)
+
+    def source_tangents(self, ids: Int[torch.Tensor, " n"]) -> Float[torch.Tensor, "n d_src"]:
+        """Tangent at :attr:`value_source` of a unit change of each feature's activation, fp32.
+
+        Post-norm FF-KV: the norm reads ``Σ_i a_i v_i + b_dec`` with ``v_i = W_out[i] / s_i`` and ``a_i = s_i ·
+        hook_post_i`` (``s = act_scale``: 1 for vanilla/TopK, ‖W_out[i]‖ for normalized), so ``∂/∂a_i`` is the
+        tangent ``e_i / s_i`` at ``mlp.hook_post`` (which ``W_out`` maps to ``v_i``).
+        """
+        if self.value_source is None:
+            raise ValueError("This dictionary's values are fixed directions (or have no known source hook).")
+        scale = self.dictionary.act_scale.detach().float()
+        tangents = torch.zeros(len(ids), len(scale), device=scale.device)
+        ids = ids.to(scale.device)
+        tangents[torch.arange(len(ids), device=scale.device), ids] = 1.0 / scale[ids]
+        return tangents
+
+    def static_values(self, ids: Int[torch.Tensor, " n"]) -> Float[torch.Tensor, "n d_out"]:
+        """The values as a weights-only readout (LL_VALUE) sees them, fp32: ``v_i``, times the post norm's weight
+        when the write passes through one (its per-token factor and projection, which need a corpus, dropped)."""
+        values = self.values[ids.to(self.values.device)].float()
+        weight = getattr(self.dictionary, "post_norm_w", None) if not self.fixed_values else None
+        return values if weight is None else values * weight.detach().float().to(values.device)
 
     def encode(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
         """Feature activations, by the wrapped dictionary's own rule (``x`` as the read hook carries it)."""
@@ -161,6 +188,7 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
     if norm == "layer_norm":  # k·(x − mean(x)) = (k − mean(k))·x
         keys = keys - keys.mean(-1, keepdim=True)
     activation = _sae_activation(sae) + (f"+{norm}" if norm in _SCALING_NORMS else "")
+    post_norm = getattr(sae.cfg, "post_norm_eps", None)  # FF-KV of a block with a post-MLP norm (Gemma-2)
     head_index = getattr(sae.cfg.metadata, "hook_head_index", None)
     return KeyValueView(
         keys=keys,
@@ -171,8 +199,9 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
         read_hook=read_hook,
         write_hook=write_hook,
         dictionary=sae,
-        fixed_values=getattr(sae.cfg, "post_norm_eps", None) is None,
+        fixed_values=post_norm is None,
         head_index=None if head_index is None else int(head_index),
+        value_source=None if post_norm is None else f"blocks.{hook_layer(write_hook)}.mlp.hook_post",
     )
 
 

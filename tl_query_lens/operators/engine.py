@@ -264,6 +264,8 @@ def _compute(
     path = None
     if cache_dir is not None:
         keyed = names if basis is None else [*names, f"basis:{basis}"]  # one cache file per feature set
+        if kind == "value" and anchor != final_hook(model):
+            keyed = [*keyed, f"to:{anchor}"]  # value operators into another destination than the final residual
         path = cache_path(cache_dir, kind, model_name, keyed, fingerprint, dtype, skip_positions)
     state = None
     if path is not None and path.exists():
@@ -342,12 +344,15 @@ def value_operators(
     direction: Direction = "reverse",
     basis: Float[torch.Tensor, "n d_src"] | None = None,
     max_memory_gb: float | None = None,
+    destination: str | None = None,
 ) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
 
     ``Δh_final ≈ M_src @ v`` for a direction ``v`` added at every position of ``src``; h_final is
     ``blocks.{L-1}.hook_resid_post`` (before the final norm). ``direction="reverse"`` (default) gets all sources from
     one backward sweep with ``d_model`` cotangents; ``"forward"`` runs one JVP sweep per source (for cross-checks).
+    Sources may be any block hook upstream of the destination, e.g. ``blocks.l.mlp.hook_post`` (width d_mlp: the
+    tangent then flows through ``W_out`` and any norm after the MLP, Gemma-2's ``ln2_post``).
 
     Args:
         model: a HookedTransformer (run clean; SAEs attached to a HookedSAETransformer are ignored only if not spliced).
@@ -363,17 +368,21 @@ def value_operators(
             ``M_src Vᵀ`` ``[d_model, n]`` at the cost of n tangents instead of d_src (``direction`` is then forward).
             None: the identity basis, the full operator.
         max_memory_gb: choose ``chunk`` from this working-memory budget (:func:`chunk_for_memory`).
+        destination: the hook the operators map into (``[d_dst, d_src]``), e.g. ``blocks.l.hook_mlp_out`` for the
+            corpus-mean Jacobian of an MLP's write w.r.t. its ``mlp.hook_post``; None: the final residual.
     """
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
         raise ValueError("Give at least one source hook.")
     if basis is not None:
         direction = "forward"
-    final = final_hook(model)
+    final = final_hook(model) if destination is None else destination
     widths = _widths(model, [*hooks, final])
     for name in hooks:
         if hook_layer(name) is None and name != EMBED_HOOK:
             raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
+        if destination is not None and _depth(name) > _depth(final):
+            raise ValueError(f"Source {name!r} lies downstream of destination {final!r}: it cannot move it.")
     if direction == "reverse":
         sweeps = [_Sweep("reverse", {h: False for h in hooks}, [final], {h: h for h in hooks})]
     elif direction == "forward":
@@ -528,6 +537,14 @@ def module_operators(
         progress=progress,
         max_memory_gb=max_memory_gb,
     )
+
+
+def _depth(name: str) -> int:
+    """Block index of a hook for ordering checks: -1 before the blocks (``hook_embed`` …), a large one after them."""
+    layer = hook_layer(name)
+    if layer is None:
+        return -1 if name.startswith("hook_") else 2**31
+    return layer
 
 
 def _basis(basis: torch.Tensor | None, width: int, where: str) -> torch.Tensor | None:

@@ -30,7 +30,8 @@ class OperatorSet:
     """Named corpus-mean operators ``[d_out, d_in]``, stored as fp32 sums plus the valid-token count.
 
     ``ops[name]`` is the mean operator (``sums[name] / count``). For value operators ``name`` is the source hook and the
-    operator maps a residual perturbation there to the change of ``anchor_hook`` (the final residual); for key operators
+    operator maps a perturbation there to the change of ``anchor_hook`` (the final residual unless a ``destination`` was
+    given); for key operators
     ``name`` is the destination hook and the operator maps a perturbation of ``anchor_hook`` (``hook_embed``) to it; for
     module operators the names are ``blocks.k.attn`` (∂attn_out_k/∂resid_pre_k) and ``blocks.k.mlp``
     (∂mlp_out_k/∂resid_mid_k).

@@ -14,6 +14,10 @@ Formulas (DESIGN §5, arXiv 2606.07617 §3):
   ``blocks.l.hook_resid_post``: attention and MLP of every block k > l; ``hook_resid_mid``: MLP of l, then k > l;
   ``hook_resid_pre``: attention and MLP of l, then k > l).
 * QL_KEY ``ḡ = N_lᵀ k``, ``s_t = ⟨ḡ, (e_t − c)/‖e_t − c‖⟩``, c the mean embedding of the valid corpus tokens.
+* Post-norm FF-KV (Gemma-2 ``ln2_post``): ``v`` is no fixed direction, so the tangent ``t_i`` of the feature's
+  activation at ``blocks.l.mlp.hook_post`` is pushed instead — full ``M_src t_i``; first-order ``u + Σ_m J̄_m u`` with
+  the direct term ``u = D t_i``, ``D`` the corpus-mean Jacobian of ``hook_mlp_out`` w.r.t. ``hook_post``; LL_VALUE
+  ``W_U·LN_f(v ⊙ w_post)`` (docs/query_lens.md, "Post-norm blocks").
 
 ``LN_f`` is ``model.ln_final`` applied to the direction itself (not linearised): v/rms(v) (times w, with eps) for RMS,
 centre-and-scale (times w, plus b) for LayerNorm.
@@ -153,17 +157,22 @@ class QueryLens:
             value_hooks / key_hooks / module_layers: operators by hook name / block, for dictionaries-free use.
         """
         value_hooks, key_hooks, module_layers = list(value_hooks), list(key_hooks), list(module_layers)
+        direct: dict[str, str] = {}  # post-norm sources → their write hook (the first-order direct term)
         for dictionary in dictionaries:
             view = as_key_value(dictionary, self.model)
             if "full" in value_methods:
-                value_hooks.append(view.value_hook)
+                value_hooks.append(view.value_source or view.value_hook)
             if "first_order" in value_methods:
                 module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]
+                if view.value_source is not None:
+                    direct[view.value_source] = view.write_hook
             if "full" in key_methods:
                 key_hooks.append(view.read_hook)
         missing = [h for h in dict.fromkeys(value_hooks) if h not in self._value]
         if missing:
             self._store(self._value, value_operators(self.model, self.tokens, missing, **self._engine))
+        for source, to in direct.items():
+            self.value_operator(source, to=to)
         missing = [h for h in dict.fromkeys(key_hooks) if h not in self._key]
         if missing:
             self._store(self._key, key_operators(self.model, self.tokens, missing, **self._engine))
@@ -176,9 +185,16 @@ class QueryLens:
         for name in operators:
             target[name] = operators[name]  # the mean; raises on NaN/inf
 
-    def value_operator(self, hook: str) -> Float[torch.Tensor, "d_model d_model"]:
-        self.precompute(value_hooks=[hook])
-        return self._value[hook]
+    def value_operator(self, hook: str, *, to: str | None = None) -> Float[torch.Tensor, "d_model d_src"]:
+        """The value operator from ``hook`` into the final residual, or into the hook ``to`` (e.g. the write hook of
+        a post-norm FF-KV, for its first-order direct term); stored as ``"hook->to"``."""
+        if to is None:
+            self.precompute(value_hooks=[hook])
+            return self._value[hook]
+        key = f"{hook}->{to}"
+        if key not in self._value:
+            self._value[key] = value_operators(self.model, self.tokens, [hook], destination=to, **self._engine)[hook]
+        return self._value[key]
 
     def key_operator(self, hook: str) -> Float[torch.Tensor, "d_in d_model"]:
         self.precompute(key_hooks=[hook])
@@ -208,7 +224,8 @@ class QueryLens:
         basis: Basis | None = None,
     ) -> Float[torch.Tensor, "n d_model"]:
         """Each feature's residual direction before LN_f — ``M_l v`` (full), ``v + Σ_m J̄_m v`` (first_order) or ``v``
-        (logit_lens) — fp32, on the model's device."""
+        (logit_lens) — fp32, on the model's device. Post-norm FF-KV (Gemma-2): the activation tangent pushed from
+        ``mlp.hook_post`` instead of ``v`` (see :meth:`_source_terms`)."""
         view, ids = self._view(dictionary, features, 1)
         return self._value_terms(view, ids, method, basis)[0]
 
@@ -343,14 +360,17 @@ class QueryLens:
 
     def _push(self, kind: str, hook: str, directions: torch.Tensor) -> torch.Tensor:
         """Engine products on the feature basis ``directions`` (cached per feature set): ``[n, d]`` rows ``M v_i``
-        (value), ``N_dstᵀ k_i`` (key); for ``kind="module"`` ``hook`` is a comma-joined list of layers and the result
-        is stored per module under ``blocks.k.attn`` / ``blocks.k.mlp``."""
+        (value; ``hook`` may be ``"src->dst"`` for the operator into ``dst``), ``N_dstᵀ k_i`` (key); for
+        ``kind="module"`` ``hook`` is a comma-joined list of layers and the result is stored per module under
+        ``blocks.k.attn`` / ``blocks.k.mlp``."""
         key = (kind, hook, basis_fingerprint(directions))
         if key not in self._pushed:
             if kind == "value":
-                self._pushed[key] = value_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
-                    hook
-                ].T
+                source, _, to = hook.partition("->")  # "src->dst": into dst instead of the final residual
+                ops = value_operators(
+                    self.model, self.tokens, [source], basis=directions, destination=to or None, **self._engine
+                )
+                self._pushed[key] = ops[source].T
             elif kind == "key":
                 self._pushed[key] = key_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
                     hook
@@ -366,34 +386,74 @@ class QueryLens:
     def _value_terms(
         self, view: KeyValueView, ids: torch.Tensor, method: str, basis: Basis | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
-        """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device."""
-        if not view.fixed_values:
+        """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device.
+
+        A dictionary whose values pass through a per-token norm (``view.value_source``: post-norm FF-KV) is pushed
+        from its source hook instead: see :meth:`_source_terms`.
+        """
+        if not view.fixed_values and view.value_source is None:
             raise ValueError(
                 f"The values of this dictionary pass through a per-token norm before {view.write_hook} "
-                "(FF-KV of a block with a post-MLP norm, e.g. Gemma-2), so they have no fixed residual "
-                "direction for value signatures; key signatures work, or use an SAE on hook_mlp_out."
+                "(e.g. a hook_z SAE of a block with a post-attention norm, Gemma-2), and no hook before that norm is "
+                "known for them, so they have no fixed residual direction for value signatures; key signatures work, "
+                "or use an SAE on hook_attn_out / hook_mlp_out."
             )
-        values = view.values[ids].to(self.model.cfg.device, torch.float32)
-        hook = view.value_hook
+        if method not in ("full", "first_order", "logit_lens"):
+            raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
+        device = self.model.cfg.device
         if method == "logit_lens":
-            return values, None, None
-        d = values.shape[1]
+            return view.static_values(ids).to(device), None, None
+        if view.value_source is not None:
+            return self._source_terms(view, ids, method, basis)
+        values = view.values[ids].to(device, torch.float32)
+        hook = view.value_hook
         if method == "full":
-            if self._feature_basis(len(ids), d, hook in self._value, basis):
-                return self._push("value", hook, values), None, None  # M_l v pushed directly
-            return values @ self.value_operator(hook).T, None, None  # M_l v
-        if method == "first_order":
-            names = downstream_modules(hook, self.model.cfg.n_layers)
-            layers = sorted({hook_layer(n) for n in names})
-            if names and self._feature_basis(len(ids), d, all(n in self._module for n in names), basis):
-                fingerprint = basis_fingerprint(values)
-                self._push("module", ",".join(map(str, layers)), values)
-                terms = [values] + [self._pushed[("module", n, fingerprint)] for n in names]
-            else:
-                self.precompute(module_layers=layers)
-                terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
-            return torch.stack(terms).sum(0), terms, ["direct", *names]
-        raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
+            return self._pushed_to(hook, values, basis), None, None  # M_l v
+        return self._first_order(hook, values, basis)
+
+    def _source_terms(
+        self, view: KeyValueView, ids: torch.Tensor, method: str, basis: Basis | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
+        """Value terms of features whose write passes through a per-token norm (post-norm FF-KV), corpus-mean.
+
+        The tangent ``t_i`` of feature i's activation at ``view.value_source`` (``blocks.l.mlp.hook_post``) flows
+        through ``W_out``, the norm (``ln2_post``) and everything downstream, every piece linearised at each clean
+        corpus token. full: ``M_src t_i`` (the value operator of the source hook). first_order: the direct term
+        ``u_i = D t_i`` with ``D`` the corpus-mean Jacobian of the write hook (``hook_mlp_out``) w.r.t. the source,
+        i.e. the norm linearised per token and averaged, then ``u_i + Σ_m J̄_m u_i`` over the modules downstream of
+        the value hook, exactly as for a fixed value ``v = u_i``.
+        """
+        tangents = view.source_tangents(ids).to(self.model.cfg.device)
+        if method == "full":
+            return self._pushed_to(view.value_source, tangents, basis, d=self.model.cfg.d_model), None, None
+        direct = self._pushed_to(view.value_source, tangents, basis, d=self.model.cfg.d_model, to=view.write_hook)
+        return self._first_order(view.value_hook, direct, basis)
+
+    def _pushed_to(
+        self, hook: str, vectors: torch.Tensor, basis: Basis | None, *, d: int | None = None, to: str | None = None
+    ) -> Float[torch.Tensor, "n d_model"]:
+        """Rows ``O v_i``: the value operator from ``hook`` (into ``to``; None = the final residual) applied to
+        ``vectors``, by the full operator or the feature basis (``d``: the identity basis' cost, default the width)."""
+        d = vectors.shape[1] if d is None else d
+        key = hook if to is None else f"{hook}->{to}"
+        if self._feature_basis(len(vectors), d, key in self._value, basis):
+            return self._push("value", key, vectors)  # pushed directly
+        return vectors @ self.value_operator(hook, to=to).T
+
+    def _first_order(
+        self, hook: str, values: torch.Tensor, basis: Basis | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[str]]:
+        """``v + Σ_m J̄_m v`` over the modules downstream of the residual hook ``hook``, with its terms."""
+        names = downstream_modules(hook, self.model.cfg.n_layers)
+        layers = sorted({hook_layer(n) for n in names})
+        if names and self._feature_basis(len(values), values.shape[1], all(n in self._module for n in names), basis):
+            fingerprint = basis_fingerprint(values)
+            self._push("module", ",".join(map(str, layers)), values)
+            terms = [values] + [self._pushed[("module", n, fingerprint)] for n in names]
+        else:
+            self.precompute(module_layers=layers)
+            terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
+        return torch.stack(terms).sum(0), terms, ["direct", *names]
 
     def _final_norm(self, raw: Float[torch.Tensor, "n d_model"]) -> Float[torch.Tensor, "n d_model"]:
         """LN_f applied to each direction itself (the module, eps and weights included; not linearised)."""

@@ -17,6 +17,7 @@ from torch.func import jvp, vjp
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.hooks import hook_layer
 
 _RESID = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
@@ -101,10 +102,31 @@ def _final_norm(model: HookedTransformer, direction: Float[torch.Tensor, " d_mod
     return model.ln_final(direction[None, None])[0, 0]  # the final norm applied to the direction itself
 
 
+def mlp_write_tangent(
+    model: HookedTransformer, stream: list[torch.Tensor], layer: int, tangent: Float[torch.Tensor, " d_mlp"]
+) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Per-token tangent of block ``layer``'s MLP write (``hook_mlp_out``) for ``tangent`` added at every position of
+    its ``mlp.hook_post``: one JVP of ``p ↦ ln2_post(p W_out + b_out)`` at the clean activations (post-norm blocks)."""
+    block = model.blocks[layer]
+    x = mlp_input(block, stream[layer])
+    post = _captured(block.mlp.hook_post, lambda: block.mlp(block.ln2(x)))
+    mlp = block.mlp
+
+    def write(p: torch.Tensor) -> torch.Tensor:
+        out = p @ mlp.W_out + mlp.b_out
+        return block.ln2_post(out) if block.cfg.use_normalization_before_and_after else out
+
+    _, out = jvp(write, (post,), (tangent.to(post.dtype).expand_as(post).contiguous(),))
+    return out
+
+
 def value_direction(
     model: HookedTransformer, stream: list[torch.Tensor], hook: str, v: torch.Tensor, mask: torch.Tensor, method: str
 ) -> Float[torch.Tensor, " d_model"]:
-    """``M_l v`` (full: chained JVPs to the final residual) or ``v + Σ_k (J̄_A^k + J̄_M^k) v`` (first-order)."""
+    """``M_l v`` (full: chained JVPs to the final residual) or ``v + Σ_k (J̄_A^k + J̄_M^k) v`` (first-order).
+
+    ``v`` is one direction ``[d_model]`` at every position, or (full only) a per-token tangent ``[batch, pos, d_model]``.
+    """
     layer, name = _parse(hook)
     if name not in _RESID:
         raise NotImplementedError(f"Values enter the residual stream; {hook!r} is not a residual hook.")
@@ -172,6 +194,8 @@ def query_lens_reference(
     """Full-vocabulary Query Lens scores of ONE feature, computed per feature (DESIGN §5).
 
     value/full: ``s = W_U·LN_f(M_l v) + b_U``; value/first_order: ``s = W_U·LN_f(v + Σ_{k>l}(J̄_A^k + J̄_M^k) v)``;
+    a post-norm FF-KV (``view.value_source``) pushes ``e_i / act_scale_i`` from ``mlp.hook_post`` instead of ``v``
+    (first-order: ``v`` = the corpus mean of its per-token ``hook_mlp_out`` tangent);
     key: ``s_t = ⟨N_lᵀ k, (e_t − c)/‖e_t − c‖⟩`` with c the mean embedding of the valid corpus tokens.
     LN_f is ``model.ln_final`` applied to the direction itself (not linearised). ``clean`` may pass the clean
     residual stream of ``tokens`` (:func:`clean_stream`) so a loop over features does not recompute it.
@@ -183,6 +207,12 @@ def query_lens_reference(
         stream = [x.detach() for x in (clean if clean is not None else clean_stream(model, tokens))]
         if side == "value":
             v = view.values[index].to(model.cfg.dtype)
+            if view.value_source is not None:  # post-norm FF-KV: a unit activation change at mlp.hook_post
+                tangent = torch.zeros(view.d_sae, device=model.cfg.device, dtype=model.cfg.dtype)
+                tangent[index] = 1.0 / float(view.dictionary.act_scale[index])
+                v = mlp_write_tangent(model, stream, hook_layer(view.write_hook), tangent)  # per token
+                if method == "first_order":
+                    v = (v * mask[..., None]).sum((0, 1)) / mask.sum()  # the direct term: its corpus mean
             direction = value_direction(model, stream, view.value_hook, v, mask, method)
             scores = _final_norm(model, direction) @ model.W_U
             return scores + model.b_U if method == "full" else scores
