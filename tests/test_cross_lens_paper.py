@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from tests.helpers import tiny_model, tiny_tokens
+from tl_query_lens.operators import value_operators
 from tl_query_lens.readout import fit_readout
 from tl_query_lens.readout.cross_lens_paper import (
     CrossLensConfig,
     CrossLensPromptResult,
+    bank_states,
     cross_lens_prompts,
     dominant_active,
     load_prompt_bank,
@@ -119,3 +121,49 @@ def test_identical_lenses_pass_and_nulls_are_lower(rms_setup, tmp_path):
         cross_lens_prompts(model, sae, eye, {0: eye[0]}, bank, layers=[0, 1])
     with pytest.raises(ValueError, match="protocol must be"):
         CrossLensConfig(protocol="fixed")
+
+
+def test_lens_pushed_on_the_bank_states_equals_the_full_operator(rms_setup):
+    """The engine's feature basis (only the bank's states pushed) gives the same check as full d x d operators."""
+    model, sae = rms_setup
+    gen = torch.Generator().manual_seed(1)
+    bank = [
+        {
+            "id": f"p{i}",
+            "group": "ctrl_x" if i >= 8 else "fam",
+            "concept": f"c{i}",
+            "prompt": torch.randint(0, 61, (5,), generator=gen).tolist(),
+            "answer": int(torch.randint(0, 61, (1,), generator=gen)),
+            "null_targets": [int((i * 5 + 2) % 61)],
+        }
+        for i in range(10)
+    ]
+    layers = [0, 1]
+    hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
+    corpora = [tiny_tokens(model, 3, 10, seed=s) for s in (0, 1)]
+    full = [value_operators(model, t, hooks, progress=False) for t in corpora]
+    states = bank_states(model, bank, layers)
+    pushed = [
+        {
+            layer: value_operators(model, t, [h], basis=states[:, j], progress=False)[h]
+            for j, (layer, h) in enumerate(zip(layers, hooks))
+        }
+        for t in corpora
+    ]
+    for ops, push in zip(full, pushed):  # columns are M h_i, the full operator applied to each state
+        for j, (layer, h) in enumerate(zip(layers, hooks)):
+            ref = states[:, j] @ ops[h].T
+            torch.testing.assert_close(push[layer].T, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    ref = cross_lens_prompts(
+        model,
+        sae,
+        *[{layer: ops[h] for layer, h in zip(layers, hooks)} for ops in full],
+        bank,
+        layers=layers,
+        min_votes=1,
+    )
+    res = cross_lens_prompts(model, sae, pushed[0], pushed[1], bank, layers=layers, min_votes=1)
+    assert torch.equal(res.dominant_a, ref.dominant_a) and torch.equal(res.dominant_b, ref.dominant_b)
+    assert res.paper_agreement == ref.paper_agreement and res.own_top1_agreement == ref.own_top1_agreement
+    with pytest.raises(ValueError, match="pushed on the bank"):
+        cross_lens_prompts(model, sae, {0: states[:3, 0].T, 1: states[:3, 1].T}, pushed[1], bank, layers=layers)

@@ -3,8 +3,9 @@
 Lens A: the embedded corpus (standard-library docstrings). Lens B: Python's language reference
 (``pydoc_data.topics``, the text behind ``help("if")`` etc.): technical prose of another kind. Each lens corpus is
 one window of ``--window`` tokens per document (first ``--skip`` positions excluded from the operator, as the authors
-skip the first 16 of each fitting prompt). Value operators are accumulated one window at a time (cached on disk, A
-and B interleaved), so the lenses at 64 / 256 / 1,024 positions are prefixes of one run; after each size completes,
+skip the first 16 of each fitting prompt). Each lens is the value operator pushed on the bank's own states only (the
+engine's feature basis: n_bank tangents per layer instead of d_model, the same numbers), accumulated one window at a
+time (cached on disk, A and B interleaved), so the lenses at 64 / 256 / 1,024 positions are prefixes of one run; after each size completes,
 both definitions are evaluated on the package's prompt bank and written to ``--out``.
 
 Run (from the repository root):
@@ -22,7 +23,7 @@ from pathlib import Path
 from tl_query_lens import load_model
 from tl_query_lens.documents import one_window_per_document
 from tl_query_lens.operators import value_operators
-from tl_query_lens.readout.cross_lens_paper import cross_lens_prompts, mid_band_layers
+from tl_query_lens.readout.cross_lens_paper import bank_states, cross_lens_prompts, load_prompt_bank, mid_band_layers
 
 logger = logging.getLogger("cross_lens_paper")
 
@@ -132,27 +133,36 @@ def main() -> None:
             w.n_documents,
             w.n_eligible,
         )
-    sums: dict[str, object] = {}
+    # The feature basis: only the bank's own states are pushed through each lens (M_l Hᵀ, n_bank tangents per layer
+    # instead of d_model), which gives the check exactly what the full operators would (tests/test_cross_lens_paper.py).
+    states = bank_states(model, load_prompt_bank(), layers)
+    sums: dict[str, dict[int, object]] = {name: {} for name in windows}
     summary = {}
     for i in range(sizes[-1]):
         for name, w in windows.items():
             t0 = time.perf_counter()
-            ops = value_operators(
-                model,
-                w.tokens[i : i + 1],
-                hooks,
-                skip_positions=args.skip,
-                cache_dir=Path(args.cache) / name,
-                progress=False,
-            )
-            sums[name] = ops if name not in sums else sums[name].merge(ops)
+            for j, (layer, hook) in enumerate(zip(layers, hooks)):
+                ops = value_operators(
+                    model,
+                    w.tokens[i : i + 1],
+                    [hook],
+                    skip_positions=args.skip,
+                    cache_dir=Path(args.cache) / name,
+                    progress=False,
+                    basis=states[:, j],
+                )
+                sums[name][layer] = ops if layer not in sums[name] else sums[name][layer].merge(ops)
             logger.info(
-                "%s window %d: %.0f s (positions so far: %d)", name, i, time.perf_counter() - t0, sums[name].count
+                "%s window %d: %.0f s (positions so far: %d)",
+                name,
+                i,
+                time.perf_counter() - t0,
+                sums[name][layers[0]].count,
             )
         if i + 1 in sizes:
-            positions = sums["docstrings"].count
-            ops_a = {layer: sums["docstrings"][hook] for layer, hook in zip(layers, hooks)}
-            ops_b = {layer: sums["language_reference"][hook] for layer, hook in zip(layers, hooks)}
+            positions = sums["docstrings"][layers[0]].count
+            ops_a = {layer: sums["docstrings"][layer][hook] for layer, hook in zip(layers, hooks)}
+            ops_b = {layer: sums["language_reference"][layer][hook] for layer, hook in zip(layers, hooks)}
             t0 = time.perf_counter()
             res = cross_lens_prompts(model, sae, ops_a, ops_b, layers=layers)
             res.save(out / f"positions_{positions}")
@@ -171,7 +181,7 @@ def main() -> None:
                 "per_group",
             )
             summary[positions] = {k: getattr(res, k) for k in keys} | {
-                "positions_b": sums["language_reference"].count,
+                "positions_b": sums["language_reference"][layers[0]].count,
                 "eval_s": time.perf_counter() - t0,
             }
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))

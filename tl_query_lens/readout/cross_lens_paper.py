@@ -177,6 +177,28 @@ def final_residuals(model, prompts: list[str | list[int]], hooks: list[str]) -> 
     return torch.stack(resid).float(), torch.tensor(top1)
 
 
+def bank_states(model, bank: list[dict[str, Any]], layers: list[int]) -> Float[torch.Tensor, "prompt layer d_model"]:
+    """The bank's final-position residuals at ``blocks.l.hook_resid_post`` — the feature basis of a pushed lens."""
+    return final_residuals(model, [p["prompt"] for p in bank], [f"blocks.{layer}.hook_resid_post" for layer in layers])[
+        0
+    ]
+
+
+def lens_images(model, operator: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """``LN_f(M h)`` for each state: from the full ``M`` ``[d, d]``, or from ``M Hᵀ`` ``[d, n]`` pushed on ``states``."""
+    d, n = model.cfg.d_model, states.shape[0]
+    if operator.shape == (d, d):
+        return jacobian_lens(model, operator)(states.to(model.W_U))
+    if operator.shape != (d, n):
+        raise ValueError(
+            f"A lens operator must be the full M [{d}, {d}] or M Hᵀ [{d}, {n}] pushed on the bank's {n} states "
+            f"(value_operators(..., basis=bank_states(...)[:, layer_index])), not {tuple(operator.shape)}."
+        )
+    pushed = operator.detach().to(model.W_U).T
+    ln = getattr(model, "ln_final", None)
+    return ln(pushed) if ln is not None else pushed
+
+
 def _first_token(model, text: str | int) -> int:
     if isinstance(text, int):
         return text
@@ -207,8 +229,12 @@ def cross_lens_prompts(
     Args:
         model: the model (tokenizer, LN_f, W_U).
         sae: readout SAE of ``model``.
-        operators_a / operators_b: layer → value operator M_l (``value_operators(...)["blocks.l.hook_resid_post"]``)
-            fitted on two corpora; must cover ``cfg.layers``.
+        operators_a / operators_b: layer → value operator fitted on two corpora; must cover ``cfg.layers``. Either
+            the full ``M_l`` ``[d_model, d_model]`` (``value_operators(...)["blocks.l.hook_resid_post"]``) or, much
+            cheaper, ``M_l Hᵀ`` ``[d_model, n_bank]``: the engine's feature basis pushing only the bank's own states
+            ``H = bank_states(model, bank, layers)[:, j]`` (``value_operators(..., basis=H)``), whose columns are the
+            lens images ``M_l h_i`` the check needs (the same numbers as the full operator; when ``n_bank == d_model``
+            a square operator is read as the full one).
         bank: prompts (default :func:`load_prompt_bank`).
         cfg: options; keywords override its fields.
     """
@@ -232,8 +258,6 @@ def cross_lens_prompts(
     answers = torch.tensor([_first_token(model, p["answer"]) for p in bank])
     targets = answers if cfg.target == "answer" else model_top1
     nulls = [[_first_token(model, t) for t in p.get("null_targets", [])] for p in bank]
-    lens_a = {layer: jacobian_lens(model, operators_a[layer]) for layer in layers}
-    lens_b = {layer: jacobian_lens(model, operators_b[layer]) for layer in layers}
     n, n_layers = len(bank), len(layers)
     dom_a = torch.full((n, n_layers), -1, dtype=torch.long)
     dom_b = torch.full_like(dom_a, -1)
@@ -241,8 +265,8 @@ def cross_lens_prompts(
     own_differ = torch.zeros_like(own_same)
     null_dom = [[[-1] * n_layers for _ in p] for p in nulls]
     for j, layer in enumerate(layers):
-        h_a = lens_a[layer](resid[:, j].to(rows)).float()
-        h_b = lens_b[layer](resid[:, j].to(rows)).float()
+        h_a = lens_images(model, operators_a[layer], resid[:, j]).float()
+        h_b = lens_images(model, operators_b[layer], resid[:, j]).float()
         top_a = (h_a @ rows.T + b_U).argmax(-1)
         top_b = (h_b @ rows.T + b_U).argmax(-1)
         for i in range(n):
