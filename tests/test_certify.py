@@ -16,9 +16,9 @@ from tl_query_lens.certify.sweep import shuffle_permutation
 ALPHA, DELTA = 0.5, 0.05
 
 
-def ref_loss(logits, tokens):
-    """ℓ = mean_t −log₂(½ p(x_{t+1}) + ½/|V|), written directly with softmax probabilities."""
-    p = logits[:, :-1].double().softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+def ref_loss(logits, tokens, first=0):
+    """ℓ = mean_t −log₂(½ p(x_{t+1}) + ½/|V|) over t = first..T−2, written directly with softmax probabilities."""
+    p = logits[:, first:-1].double().softmax(-1).gather(-1, tokens[:, first + 1 :, None])[..., 0]
     return -torch.log2((1 - ALPHA) * p + ALPHA / logits.shape[-1]).mean(-1)
 
 
@@ -195,6 +195,118 @@ def test_sweep_shares_one_pass_and_agrees_with_single_certify():
     assert set(sweep.shuffled) == {0, 2} and len(sweep.rows()) == 4
 
 
+# ---- positions kept clean (exclude_first_positions) ------------------------------------------------------------
+
+
+class PrefixCleanReference:
+    """A StandardSAE proxy at ``blocks.1.hook_resid_post`` from the SAE's weights, written into the model by a
+    TransformerLens hook at positions ≥ ``first`` only (the earlier positions keep the clean activation)."""
+
+    hook = "blocks.1.hook_resid_post"
+
+    def __init__(self, model, sae, k, first, perm=None):
+        self.model, self.sae, self.k, self.first, self.perm = model, sae, k, first, perm
+
+    def codes(self, x):
+        c = topk_abs(((x - self.sae.b_dec) @ self.sae.W_enc + self.sae.b_enc).relu(), self.k)
+        return c if self.perm is None else c[..., self.perm]
+
+    def pool(self, cal):
+        _, cache = self.model.run_with_cache(cal, names_filter=[self.hook])
+        return (self.codes(cache[self.hook])[:, self.first :] != 0).flatten(0, 1).any(0)
+
+    def run(self, tokens, pool=None):
+        store = {}
+
+        def splice(act, hook):
+            c = self.codes(act)
+            store["support"] = (c != 0)[:, self.first :]
+            c = c if pool is None else c * pool
+            out = act.clone()
+            for t in range(self.first, act.shape[1]):
+                out[:, t] = c[:, t] @ self.sae.W_dec + self.sae.b_dec
+            return out
+
+        return self.model.run_with_hooks(tokens, fwd_hooks=[(self.hook, splice)]), store["support"]
+
+    def certificate(self, cal, ev):
+        first = self.first
+        clean_logits = self.model(ev)
+        pool = self.pool(cal)
+        proxy_logits, support = self.run(ev)
+        restricted_logits, _ = self.run(ev, pool)
+        clean, proxy, restricted = (ref_loss(x, ev, first) for x in (clean_logits, proxy_logits, restricted_logits))
+        p = clean_logits[:, first:].double().softmax(-1)
+        q = proxy_logits[:, first:].double().softmax(-1)
+        return {
+            "clean": clean,
+            "proxy": proxy,
+            "restricted": restricted,
+            "leaves": (support & ~pool).flatten(1).any(-1),
+            "pool": pool,
+            "kl": ((p * (p.log() - q.log())).sum(-1).mean() / math.log(2)).item(),
+            "top1": (clean_logits[:, first:].argmax(-1) == proxy_logits[:, first:].argmax(-1)).double().mean().item(),
+        }
+
+
+@pytest.mark.parametrize("first", [1, 2])
+@torch.no_grad()
+def test_kept_clean_prefix_matches_a_hand_spliced_reference(first):
+    from tl_query_lens.certify.protocol import protocol_row
+
+    model = tiny_model("gated_rms")
+    sae = _sae("standard", model, PrefixCleanReference.hook)
+    cal, ev = tiny_tokens(model, 8, 10, seed=1), tiny_tokens(model, 24, 10, seed=2)
+    perm = shuffle_permutation(48, seed=3)
+    ref = PrefixCleanReference(model, sae, 5, first).certificate(cal, ev)
+    shuffled = PrefixCleanReference(model, sae, 5, first, perm).certificate(cal, ev)
+    everywhere = PrefixCleanReference(model, sae, 5, 0).certificate(cal, ev)
+    assert ref["leaves"].any() and not ref["leaves"].all()  # the example exercises η̂ and the restricted proxy
+    assert abs(ref["proxy"].mean() - everywhere["proxy"].mean()) > 1e-3  # the prefix changes the numbers
+
+    sweep = tq.certify_layers(
+        model, {1: sae}, cal, ev, k=5, shuffle=True, seed=3, n_schedule=[20], exclude_first_positions=first
+    )
+    cert = sweep.certificates[1]
+    torch.testing.assert_close(cert.loss_clean.double(), ref["clean"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(cert.loss_proxy.double(), ref["proxy"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(cert.loss_restricted.double(), ref["restricted"], atol=1e-4, rtol=0)
+    assert torch.equal(cert.leaves_pool, ref["leaves"]) and torch.equal(cert.pool, ref["pool"])
+    P, m, V = int(ref["pool"].sum()), 48, model.cfg.d_vocab
+    assert (cert.P, cert.m, cert.N) == (P, m, 24)  # N counts windows, not scored positions
+    assert cert.R_hat == pytest.approx(ref["restricted"].mean().item(), abs=1e-5)
+    assert cert.eps_hat == pytest.approx((ref["clean"] - ref["proxy"]).abs().mean().item(), abs=1e-4)
+    assert cert.eta_hat == pytest.approx(ref["leaves"].double().mean().item())
+    u, u_occam = ref_bound(ref["clean"], ref["proxy"], ref["restricted"], ref["leaves"], P, m, V)
+    assert cert.bound == pytest.approx(u, abs=1e-4) and cert.bound_occam == pytest.approx(u_occam, abs=1e-4)
+    assert cert.kl_bits == pytest.approx(ref["kl"], abs=1e-4)
+    assert cert.top1_agreement == pytest.approx(ref["top1"], abs=1e-6)
+    direct = ref["clean"].mean().item() + cert.Delta * math.sqrt(math.log(1 / DELTA) / (2 * 24))
+    assert protocol_row(cert, delta=DELTA)["bound_direct"] == pytest.approx(direct, abs=1e-5)
+    assert cert.config["exclude_first_positions"] == first and cert.config["predictions_per_window"] == 9 - first
+    # The shuffle ablation shares the pass and keeps the same positions clean.
+    twin = sweep.shuffled[1]
+    torch.testing.assert_close(twin.loss_proxy.double(), shuffled["proxy"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(twin.loss_restricted.double(), shuffled["restricted"], atol=1e-4, rtol=0)
+    assert twin.P == P and torch.equal(twin.leaves_pool, shuffled["leaves"])
+
+
+@torch.no_grad()
+def test_no_excluded_position_is_the_full_splice_of_saelens():
+    """N = 0 is today's certificate: the proxy is SAELens' own ``run_with_saes`` splice at every position (a code
+    path independent of the certify hooks), scored over all T − 1 predictions."""
+    model = tiny_model("gated_rms")
+    sae = _sae("topk", model, "blocks.1.hook_resid_post")
+    cal, ev = tiny_tokens(model, 4, 10, seed=1), tiny_tokens(model, 24, 10, seed=2)
+    proxy = ref_loss(model.run_with_saes(ev, saes=[sae], use_error_term=False), ev)
+    clean = ref_loss(model(ev), ev)
+    cert = tq.certify(model, sae, cal, ev, rule="native", exclude_first_positions=0)
+    torch.testing.assert_close(cert.loss_clean.double(), clean, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cert.loss_proxy.double(), proxy, atol=1e-5, rtol=0)
+    assert cert.eps_hat == pytest.approx((clean - proxy).abs().mean().item(), abs=1e-5)
+    assert cert.config["exclude_first_positions"] == 0 and cert.config["predictions_per_window"] == 9
+
+
 # ---- bad input -------------------------------------------------------------------------------------------------
 
 
@@ -229,6 +341,21 @@ def test_bad_options_are_refused():
         tq.certify(model, FFKV.from_model(model, 0, "vanilla"), cal, ev, delta=1.5)
     with pytest.raises(ValueError, match="rule must be"):
         tq.certify(model, FFKV.from_model(model, 0, "vanilla"), cal, ev, rule="bottomk")
+
+
+@pytest.mark.parametrize("first", [9, 10, 12])
+def test_excluding_every_scored_position_is_refused_with_the_fix(first):
+    from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+
+    model = tiny_model("gelu_ln")
+    cal, ev = tiny_tokens(model, 4, 10, seed=1), tiny_tokens(model, 20, 10, seed=2)
+    fix = rf"exclude_first_positions={first} leaves no position of the 10-token windows to score .* longer windows"
+    with pytest.raises(ValueError, match=fix):
+        tq.certify(model, FFKV.from_model(model, 0, "vanilla"), cal, ev, exclude_first_positions=first)
+    with pytest.raises(ValueError, match=fix):
+        ProtocolCertifyConfig(seq_len=10, exclude_first_positions=first)
+    with pytest.raises(ValueError, match="exclude_first_positions must be ≥ 0"):
+        tq.certify(model, FFKV.from_model(model, 0, "vanilla"), cal, ev, exclude_first_positions=-1)
 
 
 @pytest.mark.slow

@@ -159,3 +159,50 @@ def test_cli_unknown_shuffle_label_is_refused_before_any_pass(tiny_env, tmp_path
     err = capsys.readouterr().err
     assert "shuffle names labels ['ffkv L9'] that are not among the proxies ['ffkv L0']" in err
     assert "Traceback" not in err
+
+
+def _certify_argv(out, *extra):
+    return ["certify", "--layers", "2", "--n-cal", "4", "--n-eval", "24", "--seq-len", "8", "--k", "5", *extra,
+            "--no-wandb", "--out", str(out)]  # fmt: skip
+
+
+def test_cli_exclude_first_positions_reaches_the_certificate(tiny_env, tmp_path):
+    import tl_query_lens as tq
+    from tl_query_lens import FFKV
+
+    out = tmp_path / "cert"
+    assert main(_certify_argv(out, "--exclude-first-positions", "2")) == 0
+    saved = json.loads((out / "ffkv_L2" / "result.json").read_text())["fields"]
+    assert saved["config"]["exclude_first_positions"] == 2 and saved["config"]["predictions_per_window"] == 5
+    assert json.loads((out / "config.json").read_text())["exclude_first_positions"] == 2
+    cal, ev = tiny_tokens(tiny_env, 4, 8, seed=1), tiny_tokens(tiny_env, 24, 8, seed=2)
+    api = tq.certify(tiny_env, FFKV.from_model(tiny_env, 2, "vanilla"), cal, ev, k=5, exclude_first_positions=2)
+    full = tq.certify(tiny_env, FFKV.from_model(tiny_env, 2, "vanilla"), cal, ev, k=5)
+    assert saved["bound"] == pytest.approx(api.bound, abs=1e-6) and saved["N"] == 24
+    assert saved["eps_hat"] == pytest.approx(api.eps_hat, abs=1e-6) and saved["eps_hat"] != pytest.approx(full.eps_hat)
+
+
+def test_cli_paper_protocol_gets_exclude_first_positions(tiny_env, tmp_path, monkeypatch):
+    import importlib
+
+    protocol = importlib.import_module("tl_query_lens.certify.protocol")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(model, saes, corpus, *, cfg):
+        seen["cfg"] = cfg
+        raise Stop
+
+    monkeypatch.setattr(protocol, "certify_protocol", capture)
+    with pytest.raises(Stop):
+        main(_certify_argv(tmp_path, "--protocol", "paper", "--exclude-first-positions", "1"))
+    assert seen["cfg"].protocol == "paper" and seen["cfg"].exclude_first_positions == 1
+
+
+def test_cli_exclude_first_positions_beyond_the_window_names_the_fix(tiny_env, tmp_path, capsys):
+    assert main(_certify_argv(tmp_path, "--exclude-first-positions", "7")) == 2
+    err = capsys.readouterr().err
+    assert "exclude_first_positions=7 leaves no position of the 8-token windows to score" in err
+    assert "longer windows" in err and "Traceback" not in err

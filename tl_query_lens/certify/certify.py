@@ -33,6 +33,7 @@ from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class Certificate(SavableResult):
         R_hat: mean loss of the restricted proxy h_G (bits).
         eps_hat: mean |ℓ(M) − ℓ(S∘M)| (bits).
         eta_hat: share of evaluation sequences whose support leaves G*.
-        P: |G*|. m: dictionary size F. N: evaluation sequences.
+        P: |G*|. m: dictionary size F. N: evaluation sequences (windows; one window counts once whatever
+            ``config["exclude_first_positions"]`` leaves out of it).
         Delta: loss range log₂(1 + (1−α)|V|/α).
         bound / bound_occam: U and its Occam variant at N.
         baseline_bits: log₂|V| (the uniform predictor's loss).
@@ -140,6 +142,12 @@ class CertifyConfig:
         rule: ``"topk"`` or ``"native"`` (see :class:`~tl_query_lens.certify.losses.Splice`).
         n_schedule: prefix sizes of the evaluation split for the curve (default: geometric from 25 to N).
         batch_size: sequences per forward pass.
+        exclude_first_positions: n; positions < n of every window (calibration and evaluation) are neither spliced
+            (the proxy keeps the clean activation there) nor scored in any term: the losses behind R̂, ε̂ and the
+            direct bound average the T−1−n predictions from positions n..T−2, and G* and η̂'s support test read
+            positions ≥ n. N still counts windows. SAEBench's ``exclude_special_tokens_from_reconstruction`` by
+            position: use 1 for dictionaries trained without position 0 (the tlql-saes suite; SmolLM2's position 0 is
+            an attention sink).
     """
 
     k: int = 64
@@ -148,8 +156,11 @@ class CertifyConfig:
     rule: Rule = "topk"
     n_schedule: list[int] | None = None
     batch_size: int = 16
+    exclude_first_positions: int = 0
 
     def __post_init__(self) -> None:
+        if self.exclude_first_positions < 0:
+            raise InputError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
         if not 0 < self.delta < 1:
             raise InputError(f"delta must be in (0, 1), got {self.delta}.")
         if not 0 < self.alpha < 1:
@@ -170,6 +181,7 @@ def check_inputs(
         check_tokens(model, toks)
         if toks.shape[1] < 2:
             raise InputError(f"{name} tokens must be [n_seqs >= 1, seq_len >= 2], got shape {tuple(toks.shape)}.")
+        check_first_positions(cfg.exclude_first_positions, toks.shape[1])
     overlap = check_disjoint(ev, cal)
     if overlap:
         raise InputError(
@@ -279,10 +291,27 @@ def certify_many(
     check_inputs(model, [s.sae for s in splices.values()], calibration_tokens, evaluation_tokens, cfg)
     times = times if times is not None else PassTimes()
     t0 = time.perf_counter()
-    pools = feature_pool(model, splices, calibration_tokens, batch_size=cfg.batch_size)
+    first = cfg.exclude_first_positions
+    pools = feature_pool(model, splices, calibration_tokens, batch_size=cfg.batch_size, exclude_first_positions=first)
     times.pool += time.perf_counter() - t0
     loss_clean, losses = proxy_pass(
-        model, splices, pools, evaluation_tokens, alpha=cfg.alpha, batch_size=cfg.batch_size, times=times
+        model,
+        splices,
+        pools,
+        evaluation_tokens,
+        alpha=cfg.alpha,
+        batch_size=cfg.batch_size,
+        times=times,
+        exclude_first_positions=first,
+    )
+    scored = int(evaluation_tokens.shape[1]) - 1 - first
+    logger.info(
+        "N = %d evaluation windows of %d tokens; each scores %d next-token predictions (positions %d..%d)",
+        evaluation_tokens.shape[0],
+        evaluation_tokens.shape[1],
+        scored,
+        first,
+        evaluation_tokens.shape[1] - 2,
     )
     out = {}
     for name, splice in splices.items():
@@ -295,6 +324,9 @@ def certify_many(
             "write_hook": splice.write_hook,
             "shuffled": splice.permutation is not None,
             "n_cal": int(calibration_tokens.shape[0]),
+            "seq_len": int(evaluation_tokens.shape[1]),
+            "exclude_first_positions": first,
+            "predictions_per_window": scored,
         }
         out[name] = build_certificate(
             loss_clean, losses[name], pools[name], d_vocab=model.cfg.d_vocab, cfg=cfg, config=config
@@ -333,10 +365,11 @@ def certify(
         calibration_tokens: ``[n_cal, seq_len]``, builds the pool G*.
         evaluation_tokens: ``[N, seq_len]``, disjoint from calibration; prefixes give the bound-vs-N curve.
         cfg: a :class:`CertifyConfig`; keyword ``overrides`` (``k=``, ``delta=``, ``alpha=``, ``rule=``,
-            ``n_schedule=``, ``batch_size=``) replace single fields.
+            ``n_schedule=``, ``batch_size=``, ``exclude_first_positions=``) replace single fields.
 
     Raises:
-        ValueError: overlapping splits, N below the minimum for a non-trivial bound, width mismatch.
+        ValueError: overlapping splits, N below the minimum for a non-trivial bound, width mismatch,
+            ``exclude_first_positions`` ≥ seq_len − 1 (no prediction left to score).
         KeyError: the SAE's hook is not in the model.
     """
     cfg = resolve_config(CertifyConfig, cfg, overrides)

@@ -6,6 +6,11 @@ them to a pool G* (restricted proxy h_G), and writes ``sae.decode(codes)`` at th
 the write hook is ``hook_mlp_out`` for transcoders and FF-KV, the read hook for ordinary SAEs.
 
 Per sequence of T tokens, ℓ = mean over the T−1 predictions of −log₂((1−α)p(x_{t+1}) + α/|V|).
+
+``exclude_first_positions = n`` keeps the first n positions of every window clean (not spliced: the proxy writes the
+reconstruction at positions ≥ n only, :func:`~tl_query_lens.primitives.write_from`) and unscored: ℓ averages the
+T−1−n predictions made from positions n..T−2, KL and top-1 the T−n positions n..T−1, and the pool G* and the support
+test of η̂ read positions ≥ n only. A window still counts once in N.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from tl_query_lens.primitives import (
     splice_hooks,
     stop_layer,
     topk_mask,
+    write_from,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,28 +97,43 @@ class Splice:
         self.encode_seconds += time.perf_counter() - t0
         return codes
 
-    def hooks(self, *, pool: Bool[torch.Tensor, " d_sae"] | None = None, record: dict | None = None) -> list:
-        """Forward hooks that splice the reconstruction in (codes masked to ``pool`` if given).
+    def hooks(
+        self,
+        *,
+        pool: Bool[torch.Tensor, " d_sae"] | None = None,
+        record: dict | None = None,
+        exclude_first_positions: int = 0,
+    ) -> list:
+        """Forward hooks that splice the reconstruction in (codes masked to ``pool`` if given) at positions
+        ≥ ``exclude_first_positions``; the earlier positions keep the clean activation.
 
-        ``record["support"]`` receives the codes' nonzero pattern ``[batch, pos, d_sae]`` of the unmasked codes.
+        ``record["support"]`` receives the unmasked codes' nonzero pattern ``[batch, pos − n, d_sae]`` over the
+        spliced positions.
         """
+        first = exclude_first_positions
 
         def edit(x: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-            codes = self.codes(x)
+            codes = self.codes(x[:, first:])
             if record is not None:
                 record["support"] = codes != 0
             if pool is not None:
                 codes = codes * pool.to(codes.device, codes.dtype)
-            return self.sae.decode(codes).reshape(act.shape).to(act.dtype)
+            return write_from(first, self.sae.decode(codes), act)
 
         return splice_hooks(self.read_hook, self.write_hook, edit)
 
 
 def smoothed_loss_bits(
-    logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Int[torch.Tensor, "batch pos"], alpha: float
+    logits: Float[torch.Tensor, "batch pos d_vocab"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    alpha: float,
+    *,
+    exclude_first_positions: int = 0,
 ) -> Float[torch.Tensor, " batch"]:
-    """ℓ = mean_t −log₂((1−α)p(x_{t+1}) + α/|V|) per sequence (DESIGN §7)."""
-    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+    """ℓ = mean_t −log₂((1−α)p(x_{t+1}) + α/|V|) per sequence over t ≥ ``exclude_first_positions`` (DESIGN §7)."""
+    first = exclude_first_positions
+    targets = tokens[:, first + 1 :, None].to(logits.device)
+    logp = logits[:, first:-1].float().log_softmax(-1).gather(-1, targets)[..., 0]
     d_vocab = logits.shape[-1]
     mixed = torch.logaddexp(logp + math.log1p(-alpha), torch.full_like(logp, math.log(alpha / d_vocab)))
     return -(mixed / math.log(2)).mean(-1)
@@ -154,8 +175,11 @@ def feature_pool(
     tokens: Int[torch.Tensor, "batch pos"],
     *,
     batch_size: int = 16,
+    exclude_first_positions: int = 0,
 ) -> dict[Hashable, Bool[torch.Tensor, " d_sae"]]:
-    """G* per splice: the union of active features over ``tokens`` (calibration), in one truncated pass."""
+    """G* per splice: the union of active features over ``tokens`` (calibration) at positions
+    ≥ ``exclude_first_positions``, in one truncated pass."""
+    first = exclude_first_positions
     read_hooks = sorted({s.read_hook for s in splices.values()})
     stop = stop_layer(read_hooks)
     pools = {name: torch.zeros(s.d_sae, dtype=torch.bool) for name, s in splices.items()}
@@ -163,7 +187,8 @@ def feature_pool(
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         _, cache = model.run_with_cache(batch, names_filter=read_hooks, stop_at_layer=stop)
         for name, splice in splices.items():
-            pools[name] |= (splice.codes(cache[splice.read_hook]) != 0).reshape(-1, splice.d_sae).any(0).cpu()
+            codes = splice.codes(cache[splice.read_hook][:, first:])
+            pools[name] |= (codes != 0).reshape(-1, splice.d_sae).any(0).cpu()
     return pools
 
 
@@ -177,15 +202,18 @@ def proxy_pass(
     alpha: float = 0.5,
     batch_size: int = 16,
     times: PassTimes | None = None,
+    exclude_first_positions: int = 0,
 ) -> tuple[Float[torch.Tensor, " n_seqs"], dict[Hashable, ProxyLosses]]:
     """One clean pass over ``tokens`` shared by every splice; each proxy restarts from the clean residual.
 
     The restricted proxy h_G is run only on sequences whose support leaves G*: elsewhere it equals S∘M exactly.
+    Positions < ``exclude_first_positions`` are neither spliced nor scored (module docstring).
 
     Returns:
         ``(loss_clean, {name: ProxyLosses})``.
     """
     times = times if times is not None else PassTimes()
+    first = exclude_first_positions
     starts = {s.start_layer for s in splices.values()}
     clean_losses: list[torch.Tensor] = []
     parts: dict[str, dict[str, list[torch.Tensor]]] = {
@@ -195,19 +223,20 @@ def proxy_pass(
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         t0 = time.perf_counter()
         logits, resid = clean_run(model, batch, starts)
-        clean_logp = logits.float().log_softmax(-1)
+        clean_logp = logits[:, first:].float().log_softmax(-1)
         clean_top1 = clean_logp.argmax(-1)
-        clean_losses.append(smoothed_loss_bits(logits, batch, alpha).cpu())
+        clean_losses.append(smoothed_loss_bits(logits, batch, alpha, exclude_first_positions=first).cpu())
         times.clean += time.perf_counter() - t0
         for name, splice in splices.items():
             t0 = time.perf_counter()
             pool = pools[name].to(model.cfg.device)
             record: dict[str, torch.Tensor] = {}
             layer = splice.start_layer
-            proxy_logits = run_from_residual(model, batch, resid, layer, splice.hooks(record=record))
+            hooks = splice.hooks(record=record, exclude_first_positions=first)
+            proxy_logits = run_from_residual(model, batch, resid, layer, hooks)
             leaves = (record["support"] & ~pool).flatten(1).any(-1)
-            loss_proxy = smoothed_loss_bits(proxy_logits, batch, alpha)
-            proxy_logp = proxy_logits.float().log_softmax(-1)
+            loss_proxy = smoothed_loss_bits(proxy_logits, batch, alpha, exclude_first_positions=first)
+            proxy_logp = proxy_logits[:, first:].float().log_softmax(-1)
             kl = kl_divergence(clean_logp, proxy_logp).mean(-1) / LOG2
             top1 = (proxy_logp.argmax(-1) == clean_top1).float().mean(-1)
             times.proxy += time.perf_counter() - t0
@@ -215,8 +244,11 @@ def proxy_pass(
             loss_restricted = loss_proxy.clone()
             if leaves.any():
                 sub = leaves.nonzero()[:, 0]
-                restricted_logits = run_from_residual(model, batch, resid, layer, splice.hooks(pool=pool), rows=sub)
-                loss_restricted[sub] = smoothed_loss_bits(restricted_logits, batch[sub], alpha)
+                hooks = splice.hooks(pool=pool, exclude_first_positions=first)
+                restricted_logits = run_from_residual(model, batch, resid, layer, hooks, rows=sub)
+                loss_restricted[sub] = smoothed_loss_bits(
+                    restricted_logits, batch[sub], alpha, exclude_first_positions=first
+                )
             times.restricted += time.perf_counter() - t0
             for field, value in (
                 ("loss_proxy", loss_proxy),

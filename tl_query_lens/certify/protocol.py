@@ -28,6 +28,7 @@ from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.losses import Rule
 from tl_query_lens.config import resolve_config
+from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,8 @@ class ProtocolCertifyConfig:
         seq_len: tokens per window. k / delta / alpha / rule / batch_size: as in :func:`certify`.
         shuffle: add the feature-shuffle ablation for every proxy. seed: corpus draws and the shuffle permutation.
         bins: bins of the |gap| densities.
+        exclude_first_positions: positions < n of every window neither spliced nor scored, as in
+            :class:`~tl_query_lens.certify.certify.CertifyConfig` (N still counts windows).
     """
 
     protocol: CertifyProtocol = "paper"
@@ -123,10 +126,12 @@ class ProtocolCertifyConfig:
     shuffle: bool = False
     seed: int = 0
     bins: int = 40
+    exclude_first_positions: int = 0
 
     def __post_init__(self) -> None:
         if self.protocol not in HEADLINE:
             raise ValueError(f"protocol must be one of {sorted(HEADLINE)}, got {self.protocol!r}.")
+        check_first_positions(self.exclude_first_positions, self.seq_len)
         if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
             raise ValueError("bins, n_cal and n_eval must be positive.")
 
@@ -261,6 +266,7 @@ def certify_protocol(
         alpha=cfg.alpha,
         rule=cfg.rule,
         batch_size=cfg.batch_size,
+        exclude_first_positions=cfg.exclude_first_positions,
         shuffle=cfg.shuffle,
         seed=cfg.seed,
     )

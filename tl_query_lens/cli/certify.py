@@ -43,6 +43,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument(
+        "--exclude-first-positions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep positions < N of every window clean (not spliced) and out of every term; 1 for dictionaries "
+        "trained without position 0 (the tlql-saes suite: SmolLM2's position 0 is an attention sink)",
+    )
+    parser.add_argument(
         "--shuffle",
         nargs="?",
         const="all",
@@ -86,7 +94,14 @@ def run(args: argparse.Namespace) -> int:
     ev = load_corpus(args.corpus, model, n_seqs=args.n_eval, seq_len=args.seq_len, split="evaluation", seed=args.seed)
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    cfg = CertifyConfig(k=args.k, delta=args.delta, alpha=args.alpha, rule=args.rule, batch_size=args.batch_size)
+    cfg = CertifyConfig(
+        k=args.k,
+        delta=args.delta,
+        alpha=args.alpha,
+        rule=args.rule,
+        batch_size=args.batch_size,
+        exclude_first_positions=args.exclude_first_positions,
+    )
     sweep = certify_layers(model, saes, cal, ev, shuffle=_shuffle_labels(args.shuffle), seed=args.seed, cfg=cfg)
     sweep.save(out)
     with Tracker(out, project=args.wandb_project, name="certify", config=config, use_wandb=args.wandb) as tracker:
@@ -162,6 +177,7 @@ def run_paper(args: argparse.Namespace, model, saes) -> int:
         shuffle=args.shuffle is not None,
         seed=args.seed,
         bins=args.bins,
+        exclude_first_positions=args.exclude_first_positions,
     )
     result = certify_protocol(model, saes, args.corpus, cfg=cfg)
     out = Path(args.out)

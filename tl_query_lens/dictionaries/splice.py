@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import check_outputs
 from tl_query_lens.operators.engine import check_tokens
-from tl_query_lens.primitives import kl_divergence
+from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -48,13 +47,6 @@ class SpliceMetrics(SavableResult):
     n_tokens: int
 
 
-def _write_from(first: int, written: torch.Tensor, act: torch.Tensor, hook: Any) -> torch.Tensor:
-    """Hook: positions ``first:`` carry ``written``; the earlier ones keep the clean activation."""
-    out = act.clone()
-    out[:, first:] = written.reshape(out[:, first:].shape).to(out.dtype)
-    return out
-
-
 @torch.no_grad()
 def splice_metrics(
     model: HookedSAETransformer,
@@ -73,11 +65,7 @@ def splice_metrics(
     """
     view = as_key_value(sae, model)
     tokens = check_tokens(model, tokens)
-    if not 0 <= exclude_first_positions < tokens.shape[1] - 1:
-        raise ValueError(
-            f"exclude_first_positions={exclude_first_positions} leaves no position of the {tokens.shape[1]}-token "
-            "windows to score; use 0 or 1, or longer windows."
-        )
+    check_first_positions(exclude_first_positions, tokens.shape[1])
     keep = torch.arange(tokens.shape[1], device=model.cfg.device) >= exclude_first_positions
     fired = torch.zeros(view.d_sae, dtype=torch.bool)
     l0_sum = sse = ce_clean = ce_spliced = kl_sum = 0.0
@@ -98,7 +86,10 @@ def splice_metrics(
         y_sq += y.double().pow(2).sum().item()
         n_tok += y.shape[0] * y.shape[1]
         if exclude_first_positions:
-            splice = partial(_write_from, exclude_first_positions, y_hat)
+
+            def splice(act: torch.Tensor, hook: Any, y_hat: torch.Tensor = y_hat) -> torch.Tensor:
+                return write_from(exclude_first_positions, y_hat, act)
+
             spliced = model.run_with_hooks(batch, fwd_hooks=[(view.write_hook, splice)])
         else:
             spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)

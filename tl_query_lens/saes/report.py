@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from tl_query_lens.dictionaries.splice import _ce_sum
 from tl_query_lens.errors import UnknownNameError
-from tl_query_lens.primitives import kl_divergence
+from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -144,11 +144,7 @@ def suite_quality(
     """
     from tl_query_lens.hooks import check_hook
 
-    if not 0 <= exclude_first_positions < tokens.shape[1] - 1:
-        raise ValueError(
-            f"exclude_first_positions={exclude_first_positions} leaves no position of the {tokens.shape[1]}-token "
-            "windows to evaluate; use 0 or 1, or longer windows."
-        )
+    check_first_positions(exclude_first_positions, tokens.shape[1])
     if tokens.numel() == 0 or tokens.shape[1] < 2:
         raise ValueError(
             "Need at least one sequence of >= 2 tokens; load them with load_corpus(..., split='evaluation')."
@@ -187,7 +183,7 @@ def suite_quality(
             s = stats[sid]
             x, y = cache[sae.cfg.metadata.hook_name], cache[_write_hook(sae)]
             acts = sae.encode(x)
-            y_hat = torch.where(keep[:, None], sae.decode(acts).to(y.dtype), y)
+            y_hat = write_from(exclude_first_positions, sae.decode(acts)[:, exclude_first_positions:], y)
             nonzero = (acts != 0)[:, keep]
             s["fired"] |= nonzero.reshape(-1, sae.cfg.d_sae).any(0).cpu()
             s["l0"] += nonzero.sum().item()
