@@ -55,6 +55,22 @@ def test_prompt_bank_schema():
     assert mid_band_layers(30) == [20, 22, 24, 27]
 
 
+def random_bank(seed: int, n: int, n_main: int, prompt_len: int, null_step: tuple[int, int]) -> list[dict]:
+    """A seeded bank of random token prompts over the tiny vocabulary: ``n_main`` of one family, the rest controls."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        {
+            "id": f"p{i}",
+            "group": "ctrl_x" if i >= n_main else "fam",
+            "concept": f"c{i}",
+            "prompt": torch.randint(0, 61, (prompt_len,), generator=gen).tolist(),
+            "answer": int(torch.randint(0, 61, (1,), generator=gen)),
+            "null_targets": [int((i * null_step[0] + null_step[1]) % 61)],
+        }
+        for i in range(n)
+    ]
+
+
 @pytest.fixture(scope="module")
 def rms_setup(tmp_path_factory):
     model = tiny_model("gated_rms")
@@ -96,18 +112,7 @@ def test_two_layer_vote_with_a_planted_dominant_feature(rms_setup):
 @torch.no_grad()
 def test_identical_lenses_pass_and_nulls_are_lower(rms_setup, tmp_path):
     model, sae = rms_setup
-    gen = torch.Generator().manual_seed(0)
-    bank = [
-        {
-            "id": f"p{i}",
-            "group": "ctrl_x" if i >= 10 else "fam",
-            "concept": f"c{i}",
-            "prompt": torch.randint(0, 61, (6,), generator=gen).tolist(),
-            "answer": int(torch.randint(0, 61, (1,), generator=gen)),
-            "null_targets": [int((i * 7 + 3) % 61)],
-        }
-        for i in range(12)
-    ]
+    bank = random_bank(seed=0, n=12, n_main=10, prompt_len=6, null_step=(7, 3))
     eye = {layer: torch.eye(model.cfg.d_model) for layer in (0, 1, 2)}
     res = cross_lens_prompts(model, sae, eye, {k: v.clone() for k, v in eye.items()}, bank, layers=[0, 1, 2])
     assert res.paper_agreement == 1.0 and res.own_top1_agreement == 1.0 and res.own_top1_tokens_differ == 0.0
@@ -126,18 +131,7 @@ def test_identical_lenses_pass_and_nulls_are_lower(rms_setup, tmp_path):
 def test_lens_pushed_on_the_bank_states_equals_the_full_operator(rms_setup):
     """The engine's feature basis (only the bank's states pushed) gives the same check as full d x d operators."""
     model, sae = rms_setup
-    gen = torch.Generator().manual_seed(1)
-    bank = [
-        {
-            "id": f"p{i}",
-            "group": "ctrl_x" if i >= 8 else "fam",
-            "concept": f"c{i}",
-            "prompt": torch.randint(0, 61, (5,), generator=gen).tolist(),
-            "answer": int(torch.randint(0, 61, (1,), generator=gen)),
-            "null_targets": [int((i * 5 + 2) % 61)],
-        }
-        for i in range(10)
-    ]
+    bank = random_bank(seed=1, n=10, n_main=8, prompt_len=5, null_step=(5, 2))
     layers = [0, 1]
     hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
     corpora = [tiny_tokens(model, 3, 10, seed=s) for s in (0, 1)]
