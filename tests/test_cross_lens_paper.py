@@ -9,6 +9,7 @@ from tl_query_lens.readout import fit_readout
 from tl_query_lens.readout.cross_lens_paper import (
     CrossLensConfig,
     CrossLensPromptResult,
+    DominantFeatures,
     bank_states,
     cross_lens_prompts,
     dominant_active,
@@ -17,6 +18,8 @@ from tl_query_lens.readout.cross_lens_paper import (
     mid_band_layers,
     wilson,
 )
+from tl_query_lens.readout.decompose import decompose_rows, token_logit, vocab_mean_contrast
+from tl_query_lens.readout.sae import unembedding_rows
 
 FIT = {
     "width": 96,
@@ -161,3 +164,19 @@ def test_lens_pushed_on_the_bank_states_equals_the_full_operator(rms_setup):
     assert res.paper_agreement == ref.paper_agreement and res.own_top1_agreement == ref.own_top1_agreement
     with pytest.raises(ValueError, match="pushed on the bank"):
         cross_lens_prompts(model, sae, {0: states[:3, 0].T, 1: states[:3, 1].T}, pushed[1], bank, layers=layers)
+
+
+def test_dominant_features_equal_the_full_decomposition(rms_setup):
+    """The check's shortcut β (z_t, or z_t − mean code) picks the same dominant feature as decompose_rows."""
+    model, sae = rms_setup
+    rows, V = unembedding_rows(model), model.cfg.d_vocab
+    states = torch.randn(6, model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    dominant = DominantFeatures(sae)
+    proj = dominant.projections(states)
+    for i, h in enumerate(states):
+        for t in (0, 7, 33, V - 1):
+            for vocab_mean, alpha in ((False, token_logit(t, V)), (True, vocab_mean_contrast(t, V))):
+                dec = decompose_rows(sae, h, alpha, rows, n_top=0)
+                assert dominant(proj[i], t, vocab_mean=vocab_mean) == int(
+                    dominant_active(dec.contributions, dec.beta)[0]
+                )

@@ -27,8 +27,8 @@ import torch
 from jaxtyping import Float, Int
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.errors import check_dictionary_finite
 from tl_query_lens.readout.cross_lens import jacobian_lens
-from tl_query_lens.readout.decompose import decompose_rows, token_logit, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
@@ -208,9 +208,36 @@ def _first_token(model, text: str | int) -> int:
     return int(ids[0])
 
 
-def _dominant(sae: ReadoutSAE, rows: torch.Tensor, h: torch.Tensor, alpha: torch.Tensor) -> int:
-    dec = decompose_rows(sae, h, alpha, rows, n_top=0)
-    return int(dominant_active(dec.contributions, dec.beta)[0])
+class DominantFeatures:
+    """argmax_i |c_i| over active features for the two scores the check uses, without a full decomposition per call.
+
+    :func:`~tl_query_lens.readout.decompose.decompose_rows` gives c_i = β_i (h·d_i) with β = Σ_t α_t z_t; for a token's
+    logit (α = e_t) β is the row's own code z_t, and for its vocabulary-mean contrast (α = e_t − 1/|V|) β = z_t − z̄,
+    where z̄ = mean_t z_t is summed once here. Same float64 arithmetic as ``decompose_rows`` (checked against it in
+    tests/test_cross_lens_paper.py); one dictionary check instead of one per call.
+    """
+
+    def __init__(self, sae: ReadoutSAE):
+        check_dictionary_finite(sae, {"W_dec": sae.W_dec, "code_values": sae.code_values})
+        self.sae = sae
+        self.D = sae.W_dec.detach().double()
+        idx, val = sae.row_codes()
+        self.code_mean = self._beta(idx, val) / sae.cfg.d_vocab
+
+    def _beta(self, idx: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
+        zero = torch.zeros(self.sae.cfg.d_sae, dtype=torch.float64, device=self.D.device)
+        return zero.index_add_(0, idx.reshape(-1).to(self.D.device), val.reshape(-1).to(self.D))
+
+    def projections(self, h: Float[torch.Tensor, "n d_model"]) -> Float[torch.Tensor, "n d_sae"]:
+        """h·d_i for every state and feature (computed once per lens and layer)."""
+        return h.to(self.D) @ self.D.T
+
+    def __call__(self, proj: Float[torch.Tensor, " d_sae"], token: int, *, vocab_mean: bool = False) -> int:
+        idx, val = self.sae.row_codes(torch.tensor([token]))
+        beta = self._beta(idx, val)
+        if vocab_mean:
+            beta = beta - self.code_mean
+        return int(dominant_active((proj.to(beta) * beta)[None], beta)[0])
 
 
 @torch.no_grad()
@@ -252,7 +279,6 @@ def cross_lens_prompts(
         raise ValueError(f"min_votes={cfg.min_votes} exceeds the {len(layers)} layers of the band.")
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()
-    V = model.cfg.d_vocab
     hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
     resid, model_top1 = final_residuals(model, [p["prompt"] for p in bank], hooks)
     answers = torch.tensor([_first_token(model, p["answer"]) for p in bank])
@@ -264,19 +290,21 @@ def cross_lens_prompts(
     own_same = torch.zeros(n, n_layers, dtype=torch.bool)
     own_differ = torch.zeros_like(own_same)
     null_dom = [[[-1] * n_layers for _ in p] for p in nulls]
+    dominant = DominantFeatures(sae)
     for j, layer in enumerate(layers):
         h_a = lens_images(model, operators_a[layer], resid[:, j]).float()
         h_b = lens_images(model, operators_b[layer], resid[:, j]).float()
         top_a = (h_a @ rows.T + b_U).argmax(-1)
         top_b = (h_b @ rows.T + b_U).argmax(-1)
+        proj_a, proj_b = dominant.projections(h_a), dominant.projections(h_b)
         for i in range(n):
             t = int(targets[i])
-            dom_a[i, j] = _dominant(sae, rows, h_a[i], token_logit(t, V))
-            dom_b[i, j] = _dominant(sae, rows, h_b[i], token_logit(t, V))
+            dom_a[i, j] = dominant(proj_a[i], t)
+            dom_b[i, j] = dominant(proj_b[i], t)
             for m, null in enumerate(nulls[i]):
-                null_dom[i][m][j] = _dominant(sae, rows, h_a[i], token_logit(null, V))
-            own_a = _dominant(sae, rows, h_a[i], vocab_mean_contrast(int(top_a[i]), V))
-            own_b = _dominant(sae, rows, h_b[i], vocab_mean_contrast(int(top_b[i]), V))
+                null_dom[i][m][j] = dominant(proj_a[i], null)
+            own_a = dominant(proj_a[i], int(top_a[i]), vocab_mean=True)
+            own_b = dominant(proj_b[i], int(top_b[i]), vocab_mean=True)
             own_same[i, j] = own_a == own_b
             own_differ[i, j] = bool(top_a[i] != top_b[i])
     passes = majority_same(dom_a, dom_b, min_votes=cfg.min_votes)
