@@ -13,6 +13,7 @@ from tl_query_lens.readout.cross_lens_paper import (
     bank_states,
     cross_lens_prompts,
     dominant_active,
+    final_residuals,
     load_prompt_bank,
     majority_same,
     mid_band_layers,
@@ -159,9 +160,12 @@ def test_lens_pushed_on_the_bank_states_equals_the_full_operator(rms_setup):
         layers=layers,
         min_votes=1,
     )
-    res = cross_lens_prompts(model, sae, pushed[0], pushed[1], bank, layers=layers, min_votes=1)
+    run = final_residuals(model, [p["prompt"] for p in bank], hooks)  # precomputed: the bank is not run again
+    res = cross_lens_prompts(model, sae, pushed[0], pushed[1], bank, states=run, layers=layers, min_votes=1)
     assert torch.equal(res.dominant_a, ref.dominant_a) and torch.equal(res.dominant_b, ref.dominant_b)
     assert res.paper_agreement == ref.paper_agreement and res.own_top1_agreement == ref.own_top1_agreement
+    with pytest.raises(ValueError, match="states must be final_residuals"):
+        cross_lens_prompts(model, sae, pushed[0], pushed[1], bank, states=(run[0][:, :1], run[1]), layers=layers)
     with pytest.raises(ValueError, match="pushed on the bank"):
         cross_lens_prompts(model, sae, {0: states[:3, 0].T, 1: states[:3, 1].T}, pushed[1], bank, layers=layers)
 

@@ -8,7 +8,7 @@ import torch
 from torch.func import jvp
 
 from tests.helpers import arch_model, tiny_tokens
-from tl_query_lens import FFKV, QueryLens, as_key_value
+from tl_query_lens import FFKV, QueryLens, as_key_value, query_lens_reference
 from tl_query_lens.operators import module_operators, value_operators
 
 SKIP = 1
@@ -121,7 +121,9 @@ def test_blocks_without_post_norm_keep_fixed_values():
     J = module_operators(model, tokens, [1, 2], skip_positions=SKIP, progress=False)
     first = v + sum(v @ J[f"blocks.{k}.{m}"].T for k in (1, 2) for m in ("attn", "mlp"))
     torch.testing.assert_close(lens.value_directions(sae, FEATURES, method="first_order"), first)
-    assert hook in lens._value and not any("->" in key for key in lens._value)  # no source-hook operator was built
+    assert hook in lens._value and not any(
+        isinstance(key, tuple) for key in lens._value
+    )  # no source-hook operator was built
 
 
 def test_engine_destination_and_its_checks():
@@ -138,16 +140,57 @@ def test_engine_destination_and_its_checks():
         value_operators(model, tokens, ["blocks.2.hook_resid_pre"], destination=write, progress=False)
 
 
-def test_hook_z_values_of_post_norm_blocks_are_still_refused():
-    """The attention output of a Gemma-2 block passes through ln1_post and no source hook is wired for hook_z SAEs."""
-    from tests.test_hook_z import hook_z_sae
+def hook_z_reference(ref, tokens, layer: int, tangent: torch.Tensor, method: str) -> torch.Tensor:
+    """The raw value direction of a head-space tangent at ``attn.hook_z`` (float64, hooks only): full = mean
+    final-residual JVP; first_order = the direct term u (mean ``hook_attn_out`` JVP) plus the mean JVP of every
+    downstream module's write for ``u`` added at its input (block l's MLP reads ``resid_mid``)."""
+    tangent = tangent.double().reshape(ref.cfg.n_heads, ref.cfg.d_head)
+    source = f"blocks.{layer}.attn.hook_z"
+    if method == "full":
+        return hook_jvp(ref, tokens, source, tangent, f"blocks.{ref.cfg.n_layers - 1}.hook_resid_post")
+    direct = hook_jvp(ref, tokens, source, tangent, f"blocks.{layer}.hook_attn_out")
+    total = direct + hook_jvp(ref, tokens, f"blocks.{layer}.hook_resid_mid", direct, f"blocks.{layer}.hook_mlp_out")
+    for k in range(layer + 1, ref.cfg.n_layers):
+        total += hook_jvp(ref, tokens, f"blocks.{k}.hook_resid_pre", direct, f"blocks.{k}.hook_attn_out")
+        total += hook_jvp(ref, tokens, f"blocks.{k}.hook_resid_mid", direct, f"blocks.{k}.hook_mlp_out")
+    return total
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_hook_z_values_of_post_norm_blocks_equal_a_per_feature_jvp(per_head):
+    """hook_z SAEs of Gemma-2 blocks (attention output through ln1_post): the decoder row in head space, added at
+    hook_z, pushed through W_O, ln1_post and everything downstream — both bases, full and first-order, against the
+    float64 hook JVP; the per-feature reference and LL_VALUE (v ⊙ w_ln1_post) likewise."""
+    from tests.test_hook_z import HEAD, LAYER, hook_z_sae
 
     model = arch_model("gemma2")
-    lens = QueryLens(model, tiny_tokens(model, n_seqs=2, seq_len=6), progress=False)
-    sae = hook_z_sae(model, per_head=False)
-    with pytest.raises(ValueError, match="per-token norm"):
-        lens.value_signatures(sae, [0], k=3)
-    assert lens.key_signatures(sae, [0], k=3).top_ids.shape == (1, 3)
+    ref = float64_copy(model)
+    tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
+    sae = hook_z_sae(model, per_head=per_head)
+    view = as_key_value(sae, model)
+    assert not view.fixed_values and view.value_source == f"blocks.{LAYER}.attn.hook_z"
+    rows = sae.W_dec.detach()[FEATURES]  # head space: one head's rows sit in that head's slot of hook_z
+    if per_head:
+        rows = (
+            torch.zeros(len(FEATURES), model.cfg.n_heads, model.cfg.d_head)
+            .index_copy_(1, torch.tensor([HEAD]), rows[:, None])
+            .flatten(1)
+        )
+    lenses = [QueryLens(model, tokens, skip_positions=SKIP, progress=False, basis=b) for b in ("identity", "features")]
+    for method in ("full", "first_order"):
+        expected = torch.stack([hook_z_reference(ref, tokens, LAYER, r, method) for r in rows])
+        for lens in lenses:
+            assert rel(lens.value_directions(sae, FEATURES, method=method), expected) < 1e-5, (method, lens.basis)
+        for i, f in enumerate(FEATURES):
+            scores = query_lens_reference(model, tokens, sae, f, method=method, skip_positions=SKIP)
+            got = lenses[0].value_signatures(sae, [f], k=3, method=method)
+            assert torch.equal(got.top_ids[0], scores.topk(3).indices), (method, f)
+    ll = lenses[0].value_signatures(sae, FEATURES, k=5, method="logit_lens")
+    x = view.values[FEATURES] * model.blocks[LAYER].ln1_post.w.detach()
+    x = x / (x.pow(2).mean(-1, keepdim=True) + model.ln_final.eps).sqrt() * model.ln_final.w.detach()
+    for i in range(len(FEATURES)):
+        assert rel(ll.scores(i), x[i] @ model.W_U.detach()) < 1e-5
+    assert lenses[0].key_signatures(sae, FEATURES, k=3).top_ids.shape == (len(FEATURES), 3)
 
 
 def test_precompute_covers_post_norm_sources(monkeypatch):
@@ -158,7 +201,7 @@ def test_precompute_covers_post_norm_sources(monkeypatch):
     lens = QueryLens(model, tiny_tokens(model, n_seqs=2, seq_len=6), progress=False, basis="identity")
     sae = FFKV.from_model(model, 0)
     lens.precompute([sae], value_methods=("full", "first_order"))
-    assert set(lens._value) == {"blocks.0.mlp.hook_post", "blocks.0.mlp.hook_post->blocks.0.hook_mlp_out"}
+    assert set(lens._value) == {"blocks.0.mlp.hook_post", ("blocks.0.mlp.hook_post", "blocks.0.hook_mlp_out")}
 
     def boom(*args, **kwargs):
         raise AssertionError("the engine ran again")
@@ -166,3 +209,40 @@ def test_precompute_covers_post_norm_sources(monkeypatch):
     monkeypatch.setattr(engine, "_run_sweep", boom)
     for method in ("full", "first_order", "logit_lens"):
         lens.value_signatures(sae, [1, 2], k=3, method=method)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dictionary", ["ffkv", "hook_z"])
+def test_clamping_on_post_norm_blocks_edits_before_the_norm(dictionary):
+    """Steering clamps a feature before the norm: FF-KV sets hook_post_f := α / act_scale_f (the normalized variant's
+    activation is act_scale · hook_post); a hook_z SAE adds (α − a_f)·W_dec[f] to z, a_f from SAELens' encode — both
+    written here as independent hooks and compared on the logits."""
+    from tests.test_hook_z import HOOK_Z, hook_z_sae
+    from tl_query_lens.query_lens.steering import clamp_hooks
+
+    model = arch_model("gemma2")
+    tokens = tiny_tokens(model, n_seqs=2, seq_len=6)
+    feats, alphas = torch.tensor([3, 11]), torch.tensor([2.5, -1.0])
+    if dictionary == "ffkv":
+        sae = FFKV.from_model(model, 1, "normalized")
+        scale = sae.act_scale.detach()
+
+        def by_hand(act, hook):
+            act = act.clone()
+            act[torch.arange(2), :, feats] = (alphas / scale[feats])[:, None]
+            return act
+
+        hook = "blocks.1.mlp.hook_post"
+    else:
+        sae = hook_z_sae(model, per_head=False)
+
+        def by_hand(z, hook):
+            a = sae.encode(z)[torch.arange(2), :, feats]  # [batch, pos]
+            row = sae.W_dec.detach()[feats].reshape(2, 1, model.cfg.n_heads, model.cfg.d_head)
+            return z + (alphas[:, None] - a)[..., None, None] * row
+
+        hook = HOOK_Z
+    expected = model.run_with_hooks(tokens, fwd_hooks=[(hook, by_hand)])
+    got = model.run_with_hooks(tokens, fwd_hooks=clamp_hooks(as_key_value(sae, model), feats, alphas))
+    assert not torch.allclose(expected, model(tokens), atol=1e-3)  # the clamp changes the logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

@@ -238,7 +238,9 @@ def test_bad_input_errors(cache, tmp_path):
         load_suite("tiny-test", ["blocks.9.hook_resid_post"])
 
 
-def test_report_matches_splice_metrics_and_zero_ablation(cache):
+@pytest.mark.parametrize("first", [0, 1])
+def test_report_matches_splice_metrics_and_zero_ablation(cache, first):
+    """Against splice_metrics (run_with_saes, or a clean-first-positions hook splice) and a zero-ablation hook."""
     from transformer_lens.hook_points import HookPoint
 
     model = tiny_model("gated_rms")
@@ -250,9 +252,9 @@ def test_report_matches_splice_metrics_and_zero_ablation(cache):
     tc = TopKTrainingTranscoder(TopKTrainingTranscoderConfig(d_in=32, d_out=32, d_sae=40, k=6))
     tc.cfg.metadata.hook_name, tc.cfg.metadata.hook_name_out = "blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out"
     saes = {"sae": sae.eval(), "tc": tc.eval()}
-    quality = suite_quality(model, saes, tokens, batch_size=2, exclude_first_positions=0)
+    quality = suite_quality(model, saes, tokens, batch_size=2, exclude_first_positions=first)
     for sid, dictionary in saes.items():
-        ref = splice_metrics(model, dictionary, tokens)
+        ref = splice_metrics(model, dictionary, tokens, exclude_first_positions=first)
         row = quality.row(sid)
         for key in ("alive_rate", "mean_l0", "explained_variance", "ce_clean", "ce_spliced", "kl"):
             assert row[key] == pytest.approx(getattr(ref, key), rel=1e-4, abs=1e-5), (sid, key)

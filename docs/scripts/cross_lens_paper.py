@@ -23,7 +23,12 @@ from pathlib import Path
 from tl_query_lens import load_model
 from tl_query_lens.documents import one_window_per_document
 from tl_query_lens.operators import value_operators
-from tl_query_lens.readout.cross_lens_paper import bank_states, cross_lens_prompts, load_prompt_bank, mid_band_layers
+from tl_query_lens.readout.cross_lens_paper import (
+    cross_lens_prompts,
+    final_residuals,
+    load_prompt_bank,
+    mid_band_layers,
+)
 
 logger = logging.getLogger("cross_lens_paper")
 
@@ -135,7 +140,9 @@ def main() -> None:
         )
     # The feature basis: only the bank's own states are pushed through each lens (M_l Hᵀ, n_bank tangents per layer
     # instead of d_model), which gives the check exactly what the full operators would (tests/test_cross_lens_paper.py).
-    states = bank_states(model, load_prompt_bank(), layers)
+    bank = load_prompt_bank()
+    bank_run = final_residuals(model, [p["prompt"] for p in bank], hooks)  # states and next tokens, run once
+    states = bank_run[0]
     sums: dict[str, dict[int, object]] = {name: {} for name in windows}
     summary = {}
     for i in range(sizes[-1]):
@@ -164,7 +171,7 @@ def main() -> None:
             ops_a = {layer: sums["docstrings"][layer][hook] for layer, hook in zip(layers, hooks)}
             ops_b = {layer: sums["language_reference"][layer][hook] for layer, hook in zip(layers, hooks)}
             t0 = time.perf_counter()
-            res = cross_lens_prompts(model, sae, ops_a, ops_b, layers=layers)
+            res = cross_lens_prompts(model, sae, ops_a, ops_b, bank, states=bank_run, layers=layers)
             res.save(out / f"positions_{positions}")
             keys = (
                 "paper_agreement",

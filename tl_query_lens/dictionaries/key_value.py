@@ -46,9 +46,13 @@ class KeyValueView:
         fixed_values: False when the decoder passes ``Σ a_i v_i`` through a per-token norm before the write hook
             (FF-KV of a block with a post-MLP norm, Gemma-2): the values are then no fixed residual directions.
         value_source: for such dictionaries, the hook before the norm where a change of feature i's activation is a
-            fixed tangent (:meth:`source_tangents`): ``blocks.l.mlp.hook_post`` for a post-norm FF-KV. Value
-            signatures push that tangent through the engine instead of ``v_i``. None: values are fixed directions,
-            or no such hook is known (hook_z SAEs of post-norm blocks).
+            fixed tangent (:meth:`source_tangents`): ``blocks.l.mlp.hook_post`` for a post-norm FF-KV,
+            ``blocks.l.attn.hook_z`` for a hook_z SAE of a post-norm block. Value signatures push that tangent through
+            the engine instead of ``v_i``. None: values are fixed directions.
+        source_rows: the tangents at :attr:`value_source` when they are dense rows (a hook_z SAE's decoder rows in
+            head space, ``[d_sae, n_heads·d_head]``, one head's zero-padded); None for FF-KV (one-hot tangents).
+        post_norm_weight: the weight of the norm the values pass through before the write hook (``ln2_post`` for
+            FF-KV, ``ln1_post`` for hook_z), which a weights-only readout (LL_VALUE) applies; None without one.
     """
 
     keys: Float[torch.Tensor, "d_sae d_in"]
@@ -62,6 +66,8 @@ class KeyValueView:
     fixed_values: bool = True
     head_index: int | None = None
     value_source: str | None = None
+    source_rows: Float[torch.Tensor, "d_sae d_src"] | None = None
+    post_norm_weight: Float[torch.Tensor, " d_out"] | None = None
 
     @property
     def d_sae(self) -> int:
@@ -90,10 +96,14 @@ class KeyValueView:
 
         Post-norm FF-KV: the norm reads ``Σ_i a_i v_i + b_dec`` with ``v_i = W_out[i] / s_i`` and ``a_i = s_i ·
         hook_post_i`` (``s = act_scale``: 1 for vanilla/TopK, ‖W_out[i]‖ for normalized), so ``∂/∂a_i`` is the
-        tangent ``e_i / s_i`` at ``mlp.hook_post`` (which ``W_out`` maps to ``v_i``).
+        tangent ``e_i / s_i`` at ``mlp.hook_post`` (which ``W_out`` maps to ``v_i``). hook_z SAE of a post-norm
+        block: ``z = Σ_i a_i W_dec[i] + b_dec`` in head space, so ``∂z/∂a_i`` is the decoder row ``W_dec[i]`` at
+        ``attn.hook_z`` (which ``W_O`` maps to ``v_i``) — :attr:`source_rows`.
         """
         if self.value_source is None:
-            raise ValueError("This dictionary's values are fixed directions (or have no known source hook).")
+            raise ValueError("This dictionary's values are fixed directions (it has no source hook).")
+        if self.source_rows is not None:
+            return self.source_rows[ids.to(self.source_rows.device)].float()
         scale = self.dictionary.act_scale.detach().float()
         tangents = torch.zeros(len(ids), len(scale), device=scale.device)
         ids = ids.to(scale.device)
@@ -104,7 +114,7 @@ class KeyValueView:
         """The values as a weights-only readout (LL_VALUE) sees them, fp32: ``v_i``, times the post norm's weight
         when the write passes through one (its per-token factor and projection, which need a corpus, dropped)."""
         values = self.values[ids.to(self.values.device)].float()
-        weight = getattr(self.dictionary, "post_norm_w", None) if not self.fixed_values else None
+        weight = self.post_norm_weight
         return values if weight is None else values * weight.detach().float().to(values.device)
 
     def encode(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
@@ -189,6 +199,7 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
         keys = keys - keys.mean(-1, keepdim=True)
     activation = _sae_activation(sae) + (f"+{norm}" if norm in _SCALING_NORMS else "")
     post_norm = getattr(sae.cfg, "post_norm_eps", None)  # FF-KV of a block with a post-MLP norm (Gemma-2)
+    post_norm_w = getattr(sae, "post_norm_w", None) if post_norm is not None else None
     head_index = getattr(sae.cfg.metadata, "hook_head_index", None)
     return KeyValueView(
         keys=keys,
@@ -202,12 +213,17 @@ def _view_of_sae(sae: SAE) -> KeyValueView:
         fixed_values=post_norm is None,
         head_index=None if head_index is None else int(head_index),
         value_source=None if post_norm is None else f"blocks.{hook_layer(write_hook)}.mlp.hook_post",
+        post_norm_weight=None if post_norm_w is None else post_norm_w.detach(),
     )
 
 
 def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
     """A ``hook_z`` view in the residual stream: values and b_dec through ``W_O`` (+ ``b_O``), written at
-    ``hook_attn_out``; one head's keys zero-padded to the concatenated ``hook_z`` width."""
+    ``hook_attn_out``; one head's keys zero-padded to the concatenated ``hook_z`` width.
+
+    On a block with a norm after attention (Gemma-2 ``ln1_post``) ``hook_attn_out`` is that norm of ``Σ a_i v_i + b``,
+    so the values are no fixed residual directions: the view then names ``attn.hook_z`` as the value source, with the
+    head-space decoder rows (one head's zero-padded) as its tangents (:meth:`KeyValueView.source_tangents`)."""
     layer = hook_layer(view.read_hook)
     attn = model.blocks[layer].attn
     W_O = attn.W_O.detach().float()  # [n_heads, d_head, d_model]
@@ -220,9 +236,7 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
                 f"{n_heads} heads of width {d_head}."
             )
         h = view.head_index
-        padded = torch.zeros(view.d_sae, n_heads, d_head, device=keys.device)
-        padded[:, h] = keys
-        keys = padded.flatten(1)
+        keys, rows = (_pad_head(x, h, n_heads) for x in (keys, values))
         values = values @ W_O[h].to(values.device)
         b_dec = b_dec @ W_O[h].to(values.device)
     else:
@@ -231,10 +245,12 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
                 f"A hook_z SAE of layer {layer} reads n_heads·d_head = {n_heads * d_head} values, not "
                 f"{view.d_in}; for one head set cfg.metadata.hook_head_index."
             )
+        rows = values
         values = torch.einsum("fhd,hdm->fm", values.reshape(-1, n_heads, d_head), W_O.to(values.device))
         b_dec = torch.einsum("hd,hdm->m", b_dec.reshape(n_heads, d_head), W_O.to(values.device))
     b_dec = b_dec + attn.b_O.detach().float().to(b_dec.device)
     post_norm = bool(getattr(model.cfg, "use_normalization_before_and_after", False))
+    norm_weight = getattr(model.blocks[layer].ln1_post, "w", None) if post_norm else None
     return dataclasses.replace(
         view,
         keys=keys,
@@ -242,7 +258,17 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
         b_dec=b_dec,
         write_hook=f"blocks.{layer}.hook_attn_out",
         fixed_values=not post_norm,
+        value_source=view.read_hook if post_norm else None,
+        source_rows=rows if post_norm else None,
+        post_norm_weight=None if norm_weight is None else norm_weight.detach(),
     )
+
+
+def _pad_head(rows: torch.Tensor, head: int, n_heads: int) -> torch.Tensor:
+    """``[n, d_head]`` rows of one head placed in the concatenated ``[n, n_heads·d_head]`` hook_z basis."""
+    padded = torch.zeros(rows.shape[0], n_heads, rows.shape[1], device=rows.device, dtype=rows.dtype)
+    padded[:, head] = rows
+    return padded.flatten(1)
 
 
 def validate_view(view: KeyValueView, model: HookedTransformer) -> None:

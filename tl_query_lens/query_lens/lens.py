@@ -131,7 +131,7 @@ class QueryLens:
             "max_memory_gb": max_memory_gb,
         }
         self._pushed: dict[tuple[str, str, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
-        self._value: dict[str, torch.Tensor] = {}
+        self._value: dict[str | tuple[str, str], torch.Tensor] = {}  # hook, or (source, destination)
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
         self.fingerprint = corpus_fingerprint(self.tokens)
@@ -187,11 +187,11 @@ class QueryLens:
 
     def value_operator(self, hook: str, *, to: str | None = None) -> Float[torch.Tensor, "d_model d_src"]:
         """The value operator from ``hook`` into the final residual, or into the hook ``to`` (e.g. the write hook of
-        a post-norm FF-KV, for its first-order direct term); stored as ``"hook->to"``."""
+        a post-norm FF-KV, for its first-order direct term); stored under ``(hook, to)``."""
         if to is None:
             self.precompute(value_hooks=[hook])
             return self._value[hook]
-        key = f"{hook}->{to}"
+        key = (hook, to)
         if key not in self._value:
             self._value[key] = value_operators(self.model, self.tokens, [hook], destination=to, **self._engine)[hook]
         return self._value[key]
@@ -358,17 +358,17 @@ class QueryLens:
             return choice == "features"
         return not held and n < d  # cost ∝ basis size × the same chain of blocks
 
-    def _push(self, kind: str, hook: str, directions: torch.Tensor) -> torch.Tensor:
+    def _push(self, kind: str, hook: str | tuple[str, str], directions: torch.Tensor) -> torch.Tensor:
         """Engine products on the feature basis ``directions`` (cached per feature set): ``[n, d]`` rows ``M v_i``
-        (value; ``hook`` may be ``"src->dst"`` for the operator into ``dst``), ``N_dstᵀ k_i`` (key); for
+        (value; ``hook`` may be ``(src, dst)`` for the operator into ``dst``), ``N_dstᵀ k_i`` (key); for
         ``kind="module"`` ``hook`` is a comma-joined list of layers and the result is stored per module under
         ``blocks.k.attn`` / ``blocks.k.mlp``."""
         key = (kind, hook, basis_fingerprint(directions))
         if key not in self._pushed:
             if kind == "value":
-                source, _, to = hook.partition("->")  # "src->dst": into dst instead of the final residual
+                source, to = (hook, None) if isinstance(hook, str) else hook  # (src, dst): into dst
                 ops = value_operators(
-                    self.model, self.tokens, [source], basis=directions, destination=to or None, **self._engine
+                    self.model, self.tokens, [source], basis=directions, destination=to, **self._engine
                 )
                 self._pushed[key] = ops[source].T
             elif kind == "key":
@@ -388,15 +388,15 @@ class QueryLens:
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
         """``(raw direction, first-order terms or None, their names or None)``, fp32 on the model's device.
 
-        A dictionary whose values pass through a per-token norm (``view.value_source``: post-norm FF-KV) is pushed
-        from its source hook instead: see :meth:`_source_terms`.
+        A dictionary whose values pass through a per-token norm (``view.value_source``: post-norm FF-KV, hook_z SAEs of
+        post-norm blocks) is pushed from its source hook instead: see :meth:`_source_terms`.
         """
         if not view.fixed_values and view.value_source is None:
             raise ValueError(
-                f"The values of this dictionary pass through a per-token norm before {view.write_hook} "
-                "(e.g. a hook_z SAE of a block with a post-attention norm, Gemma-2), and no hook before that norm is "
-                "known for them, so they have no fixed residual direction for value signatures; key signatures work, "
-                "or use an SAE on hook_attn_out / hook_mlp_out."
+                f"The values of this dictionary pass through a per-token norm before {view.write_hook}, and its view "
+                "names no hook before that norm (KeyValueView.value_source), so they have no fixed residual direction "
+                "for value signatures; key signatures work. Set value_source (and source_rows) on the view, or use an "
+                "SAE on hook_attn_out / hook_mlp_out."
             )
         if method not in ("full", "first_order", "logit_lens"):
             raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
@@ -414,12 +414,13 @@ class QueryLens:
     def _source_terms(
         self, view: KeyValueView, ids: torch.Tensor, method: str, basis: Basis | None
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[str] | None]:
-        """Value terms of features whose write passes through a per-token norm (post-norm FF-KV), corpus-mean.
+        """Value terms of features whose write passes through a per-token norm (post-norm blocks), corpus-mean.
 
-        The tangent ``t_i`` of feature i's activation at ``view.value_source`` (``blocks.l.mlp.hook_post``) flows
-        through ``W_out``, the norm (``ln2_post``) and everything downstream, every piece linearised at each clean
-        corpus token. full: ``M_src t_i`` (the value operator of the source hook). first_order: the direct term
-        ``u_i = D t_i`` with ``D`` the corpus-mean Jacobian of the write hook (``hook_mlp_out``) w.r.t. the source,
+        The tangent ``t_i`` of feature i's activation at ``view.value_source`` (``blocks.l.mlp.hook_post`` for FF-KV,
+        ``blocks.l.attn.hook_z`` for a hook_z SAE) flows through ``W_out`` / ``W_O``, the norm (``ln2_post`` /
+        ``ln1_post``) and everything downstream, every piece linearised at each clean corpus token. full: ``M_src t_i``
+        (the value operator of the source hook). first_order: the direct term ``u_i = D t_i`` with ``D`` the
+        corpus-mean Jacobian of the write hook (``hook_mlp_out`` / ``hook_attn_out``) w.r.t. the source,
         i.e. the norm linearised per token and averaged, then ``u_i + Σ_m J̄_m u_i`` over the modules downstream of
         the value hook, exactly as for a fixed value ``v = u_i``.
         """
@@ -435,7 +436,7 @@ class QueryLens:
         """Rows ``O v_i``: the value operator from ``hook`` (into ``to``; None = the final residual) applied to
         ``vectors``, by the full operator or the feature basis (``d``: the identity basis' cost, default the width)."""
         d = vectors.shape[1] if d is None else d
-        key = hook if to is None else f"{hook}->{to}"
+        key = hook if to is None else (hook, to)
         if self._feature_basis(len(vectors), d, key in self._value, basis):
             return self._push("value", key, vectors)  # pushed directly
         return vectors @ self.value_operator(hook, to=to).T

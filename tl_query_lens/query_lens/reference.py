@@ -120,6 +120,24 @@ def mlp_write_tangent(
     return out
 
 
+def attn_write_tangent(
+    model: HookedTransformer, stream: list[torch.Tensor], layer: int, tangent: Float[torch.Tensor, " n_heads_d_head"]
+) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Per-token tangent of block ``layer``'s attention write (``hook_attn_out``) for ``tangent`` (concatenated heads)
+    added at every position of its ``attn.hook_z``: one JVP of ``z ↦ ln1_post(Σ_h z_h W_O[h] + b_O)`` at the clean
+    ``z`` (post-norm blocks)."""
+    block = model.blocks[layer]
+    z = _captured(block.attn.hook_z, lambda: attn_update(block, stream[layer]))
+    attn = block.attn
+
+    def write(z: torch.Tensor) -> torch.Tensor:
+        out = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + attn.b_O
+        return block.ln1_post(out) if block.cfg.use_normalization_before_and_after else out
+
+    _, out = jvp(write, (z,), (tangent.to(z.dtype).reshape(z.shape[2:]).expand_as(z).contiguous(),))
+    return out
+
+
 def value_direction(
     model: HookedTransformer, stream: list[torch.Tensor], hook: str, v: torch.Tensor, mask: torch.Tensor, method: str
 ) -> Float[torch.Tensor, " d_model"]:
@@ -194,8 +212,9 @@ def query_lens_reference(
     """Full-vocabulary Query Lens scores of ONE feature, computed per feature (DESIGN §5).
 
     value/full: ``s = W_U·LN_f(M_l v) + b_U``; value/first_order: ``s = W_U·LN_f(v + Σ_{k>l}(J̄_A^k + J̄_M^k) v)``;
-    a post-norm FF-KV (``view.value_source``) pushes ``e_i / act_scale_i`` from ``mlp.hook_post`` instead of ``v``
-    (first-order: ``v`` = the corpus mean of its per-token ``hook_mlp_out`` tangent);
+    a post-norm FF-KV (``view.value_source``) pushes ``e_i / act_scale_i`` from ``mlp.hook_post`` instead of ``v``,
+    a hook_z SAE of a post-norm block its head-space decoder row from ``attn.hook_z`` (first-order: ``v`` = the corpus
+    mean of the per-token write tangent);
     key: ``s_t = ⟨N_lᵀ k, (e_t − c)/‖e_t − c‖⟩`` with c the mean embedding of the valid corpus tokens.
     LN_f is ``model.ln_final`` applied to the direction itself (not linearised). ``clean`` may pass the clean
     residual stream of ``tokens`` (:func:`clean_stream`) so a loop over features does not recompute it.
@@ -207,10 +226,15 @@ def query_lens_reference(
         stream = [x.detach() for x in (clean if clean is not None else clean_stream(model, tokens))]
         if side == "value":
             v = view.values[index].to(model.cfg.dtype)
-            if view.value_source is not None:  # post-norm FF-KV: a unit activation change at mlp.hook_post
-                tangent = torch.zeros(view.d_sae, device=model.cfg.device, dtype=model.cfg.dtype)
-                tangent[index] = 1.0 / float(view.dictionary.act_scale[index])
-                v = mlp_write_tangent(model, stream, hook_layer(view.write_hook), tangent)  # per token
+            if view.value_source is not None:  # post-norm block: a unit activation change at the source hook
+                layer = hook_layer(view.write_hook)
+                if view.value_source.endswith("attn.hook_z"):  # hook_z SAE: its head-space decoder row
+                    row = view.source_rows[index].to(model.cfg.device)
+                    v = attn_write_tangent(model, stream, layer, row)  # per token
+                else:  # FF-KV: e_i / act_scale_i at mlp.hook_post
+                    tangent = torch.zeros(view.d_sae, device=model.cfg.device, dtype=model.cfg.dtype)
+                    tangent[index] = 1.0 / float(view.dictionary.act_scale[index])
+                    v = mlp_write_tangent(model, stream, layer, tangent)  # per token
                 if method == "first_order":
                     v = (v * mask[..., None]).sum((0, 1)) / mask.sum()  # the direct term: its corpus mean
             direction = value_direction(model, stream, view.value_hook, v, mask, method)

@@ -36,17 +36,22 @@ def clamp_hooks(
     """Forward hooks that clamp, in batch row b, feature ``features[b]`` to ``alphas[b]`` on every position.
 
     The write-hook activation becomes y + (α − a_i(x))·v_i, so the dictionary's error term is kept and every other
-    feature is untouched. α = 0 is zero-ablation.
+    feature is untouched. α = 0 is zero-ablation. Where the write passes through a per-token norm (post-norm blocks,
+    ``view.value_source``), the same change is made before the norm, at the source hook: y_src + (α − a_i(x))·t_i
+    with ``t_i`` the feature's source tangent (``e_i / act_scale_i`` at ``mlp.hook_post``, the head-space decoder row
+    at ``attn.hook_z``), so the norm sees the clamped feature.
     """
-    values = view.values[features]  # [batch, d_out]
+    target = view.value_source or view.write_hook
+    values = view.source_tangents(features) if view.value_source else view.values[features]  # [batch, d]
 
     def edit(x: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         acts = view.encode(x)  # [batch, pos, d_sae]
         idx = features.to(acts.device)[:, None, None].expand(-1, acts.shape[1], 1)
         a = acts.gather(-1, idx)  # [batch, pos, 1]
-        return act + (alphas.to(acts)[:, None, None] - a) * values.to(acts)[:, None, :]
+        delta = (alphas.to(acts)[:, None, None] - a) * values.to(acts)[:, None, :]
+        return act + delta.reshape(act.shape).to(act.dtype)  # hook_z: [batch, pos, head, d_head]
 
-    return splice_hooks(view.read_hook, view.write_hook, edit)
+    return splice_hooks(view.read_hook, target, edit)
 
 
 class TeacherForced:

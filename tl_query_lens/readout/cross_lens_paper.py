@@ -178,7 +178,8 @@ def final_residuals(model, prompts: list[str | list[int]], hooks: list[str]) -> 
 
 
 def bank_states(model, bank: list[dict[str, Any]], layers: list[int]) -> Float[torch.Tensor, "prompt layer d_model"]:
-    """The bank's final-position residuals at ``blocks.l.hook_resid_post`` — the feature basis of a pushed lens."""
+    """The bank's final-position residuals at ``blocks.l.hook_resid_post`` — the feature basis of a pushed lens.
+    (``final_residuals`` gives them with the model's next tokens, which ``cross_lens_prompts(states=...)`` reuses.)"""
     return final_residuals(model, [p["prompt"] for p in bank], [f"blocks.{layer}.hook_resid_post" for layer in layers])[
         0
     ]
@@ -248,6 +249,7 @@ def cross_lens_prompts(
     operators_b: dict[int, torch.Tensor],
     bank: list[dict[str, Any]] | None = None,
     *,
+    states: tuple[torch.Tensor, torch.Tensor] | None = None,
     cfg: CrossLensConfig | None = None,
     **overrides: Any,
 ) -> CrossLensPromptResult:
@@ -263,6 +265,8 @@ def cross_lens_prompts(
             lens images ``M_l h_i`` the check needs (the same numbers as the full operator; when ``n_bank == d_model``
             a square operator is read as the full one).
         bank: prompts (default :func:`load_prompt_bank`).
+        states: ``final_residuals(model, prompts, hooks of cfg.layers)`` of this bank, when the caller already has
+            them (e.g. from building the pushed lenses): the bank is then not run again. None: computed here.
         cfg: options; keywords override its fields.
     """
     cfg = resolve_config(CrossLensConfig, cfg, overrides)
@@ -280,7 +284,15 @@ def cross_lens_prompts(
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()
     hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
-    resid, model_top1 = final_residuals(model, [p["prompt"] for p in bank], hooks)
+    if states is None:
+        states = final_residuals(model, [p["prompt"] for p in bank], hooks)
+    resid, model_top1 = states
+    if resid.shape[:2] != (len(bank), len(layers)) or model_top1.shape != (len(bank),):
+        raise ValueError(
+            f"states must be final_residuals(...) of the {len(bank)} prompts at layers {layers}: residuals "
+            f"[{len(bank)}, {len(layers)}, d_model] and next tokens [{len(bank)}], got {tuple(resid.shape)} and "
+            f"{tuple(model_top1.shape)}."
+        )
     answers = torch.tensor([_first_token(model, p["answer"]) for p in bank])
     targets = answers if cfg.target == "answer" else model_top1
     nulls = [[_first_token(model, t) for t in p.get("null_targets", [])] for p in bank]

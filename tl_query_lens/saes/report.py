@@ -182,9 +182,9 @@ def suite_quality(
         for sid, sae in saes.items():
             s = stats[sid]
             x, y = cache[sae.cfg.metadata.hook_name], cache[_write_hook(sae)]
-            acts = sae.encode(x)
-            y_hat = write_from(exclude_first_positions, sae.decode(acts)[:, exclude_first_positions:], y)
-            nonzero = (acts != 0)[:, keep]
+            acts = sae.encode(x[:, exclude_first_positions:])  # only the spliced positions are encoded
+            y_hat = write_from(exclude_first_positions, sae.decode(acts), y)
+            nonzero = acts != 0
             s["fired"] |= nonzero.reshape(-1, sae.cfg.d_sae).any(0).cpu()
             s["l0"] += nonzero.sum().item()
             s["sse"] += (y - y_hat).pow(2).sum().item()
