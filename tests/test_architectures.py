@@ -9,6 +9,7 @@ import torch
 import tl_query_lens as tq
 from tests.helpers import ARCHITECTURES, arch_model, tiny_tokens
 from tests.test_certify import ref_loss, topk_abs
+from tests.test_hook_z import hook_z_sae
 from tests.test_query_lens import CASES, rel_err, standard_sae
 from tl_query_lens import FFKV, QueryLens, query_lens_reference
 from tl_query_lens.operators import module_operators
@@ -27,6 +28,8 @@ def test_query_lens_matches_per_feature_reference(arch):
         "ffkv": FFKV.from_model(model, 0),
         "sae_post": standard_sae(model, "blocks.1.hook_resid_post"),
         "sae_pre": standard_sae(model, "blocks.1.hook_resid_pre"),
+        "sae_attn_out": standard_sae(model, "blocks.1.hook_attn_out"),  # parallel blocks: enters at resid_post
+        "hook_z": hook_z_sae(model, per_head=False),  # through W_O (Gemma-2: pushed from hook_z through ln1_post)
     }
     for name, dictionary in dictionaries.items():
         for side, method in CASES:  # Gemma-2 FF-KV values: pushed from mlp.hook_post through ln2_post
@@ -57,6 +60,19 @@ def test_vanilla_ffkv_splice_is_exact(arch):
     clean = model(tokens)
     for layer in range(model.cfg.n_layers):
         spliced = model.run_with_saes(tokens, saes=[FFKV.from_model(model, layer)], use_error_term=False)
+        assert (spliced - clean).abs().max() < 1e-4, layer
+
+
+@torch.no_grad()
+def test_ffkv_splice_is_exact_without_norms_in_parallel_blocks():
+    """No norm before the MLP: FF-KV reads the residual the MLP reads — resid_pre in parallel blocks."""
+    model = arch_model("pythia", normalization_type=None)
+    tokens = tiny_tokens(model, n_seqs=2, seq_len=8)
+    clean = model(tokens)
+    for layer in range(model.cfg.n_layers):
+        sae = FFKV.from_model(model, layer)
+        assert sae.cfg.metadata.hook_name == f"blocks.{layer}.hook_resid_pre"
+        spliced = model.run_with_saes(tokens, saes=[sae], use_error_term=False)
         assert (spliced - clean).abs().max() < 1e-4, layer
 
 

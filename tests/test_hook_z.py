@@ -6,7 +6,7 @@ import torch
 from sae_lens import StandardSAE, StandardSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 
-from tests.helpers import arch_model, tiny_tokens
+from tests.helpers import ARCHITECTURES, arch_model, tiny_tokens
 from tests.test_query_lens import rel_err
 from tl_query_lens import QueryLens, as_key_value, query_lens_reference
 
@@ -33,7 +33,7 @@ def hook_z_sae(model, per_head: bool) -> StandardSAE:
     )
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
 @pytest.mark.parametrize("per_head", [False, True])
 @torch.no_grad()
 def test_hook_z_view_matches_saelens(arch, per_head):
@@ -41,7 +41,8 @@ def test_hook_z_view_matches_saelens(arch, per_head):
     tokens = tiny_tokens(model, n_seqs=2, seq_len=8)
     sae = hook_z_sae(model, per_head)
     view = as_key_value(sae, model)
-    assert view.write_hook == f"blocks.{LAYER}.hook_attn_out" and view.value_hook == f"blocks.{LAYER}.hook_resid_mid"
+    entry = "hook_resid_post" if model.cfg.parallel_attn_mlp else "hook_resid_mid"  # parallel: no resid_mid
+    assert view.write_hook == f"blocks.{LAYER}.hook_attn_out" and view.value_hook == f"blocks.{LAYER}.{entry}"
     _, cache = model.run_with_cache(tokens, names_filter=[HOOK_Z, view.write_hook])
     z = cache[HOOK_Z]  # [batch, pos, head, d_head]
     acts = sae.encode(z[:, :, HEAD] if per_head else z)  # SAELens' own encode (hook_z reshaping on)
@@ -53,7 +54,8 @@ def test_hook_z_view_matches_saelens(arch, per_head):
     W_O, b_O = model.blocks[LAYER].attn.W_O, model.blocks[LAYER].attn.b_O
     by_hand = z_hat @ W_O[HEAD] + b_O if per_head else torch.einsum("bphd,hdm->bpm", z_hat, W_O) + b_O
     assert torch.allclose(acts @ view.values + view.b_dec, by_hand, atol=1e-5)
-    if not per_head:  # SAELens' own splice writes exactly that to hook_attn_out
+    post_norm = model.cfg.use_normalization_before_and_after  # Gemma-2: hook_attn_out is ln1_post of that
+    if not per_head and not post_norm:  # SAELens' own splice writes exactly that to hook_attn_out
         store = {}
         with model.saes(saes=[sae]):
             model.run_with_hooks(tokens, fwd_hooks=[(view.write_hook, lambda x, hook: store.setdefault("x", x))])
@@ -77,9 +79,10 @@ def test_normalize_activations_fold(norm):
     assert torch.allclose((scale * (x @ view.keys.T) + view.b_enc).relu(), sae.encode(x), atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "pythia"])
 @pytest.mark.parametrize("per_head", [False, True])
-def test_query_lens_of_hook_z_equals_sae_mapped_through_W_O_by_hand(per_head):
-    model = arch_model("gpt2")
+def test_query_lens_of_hook_z_equals_sae_mapped_through_W_O_by_hand(arch, per_head):
+    model = arch_model(arch)
     tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
     sae = hook_z_sae(model, per_head)
     W_O = model.blocks[LAYER].attn.W_O.detach()
@@ -104,3 +107,26 @@ def test_query_lens_of_hook_z_equals_sae_mapped_through_W_O_by_hand(per_head):
     for i, feature in enumerate(features):
         ref = query_lens_reference(model, tokens, sae, feature, "key", skip_positions=1)
         assert rel_err(keys.scores(i), ref) < 1e-4
+
+
+def test_attention_writes_of_parallel_blocks_enter_at_resid_post():
+    """Pythia-style blocks: both modules read the block input, so an attention-output dictionary's value enters at
+    resid_post — block l's MLP is not downstream of it. Checked against a float64 hook JVP (v added at hook_attn_out,
+    the clean forward otherwise) for full, and the first-order module list by name."""
+    from tests.test_post_norm_values import SKIP, hook_jvp, rel
+
+    model = arch_model("pythia")
+    ref = arch_model("pythia", dtype=torch.float64)
+    ref.load_state_dict(model.state_dict())
+    tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
+    write = f"blocks.{LAYER}.hook_attn_out"
+    sae = random_sae(model.cfg.d_model, write, seed=5)
+    assert as_key_value(sae, model).value_hook == f"blocks.{LAYER}.hook_resid_post"
+    lens = QueryLens(model, tokens, skip_positions=SKIP, progress=False)
+    features = [1, 4]
+    final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    expected = torch.stack([hook_jvp(ref, tokens, write, sae.W_dec.detach()[f].double(), final) for f in features])
+    assert rel(lens.value_directions(sae, features, method="full"), expected) < 1e-5
+    sig = lens.value_signatures(sae, features, k=3, method="first_order")
+    later = [f"blocks.{k}.{m}" for k in range(LAYER + 1, model.cfg.n_layers) for m in ("attn", "mlp")]
+    assert sig.module_names == ["direct", *later]

@@ -52,16 +52,18 @@ def hook_dims(model: HookedTransformer, names: list[str]) -> dict[str, int]:
     return dims
 
 
-def residual_hook_of(name: str) -> str:
+def residual_hook_of(name: str, *, parallel: bool = False) -> str:
     """The residual-stream hook where a vector written at ``name`` enters the stream.
 
-    ``blocks.l.hook_mlp_out`` → ``blocks.l.hook_resid_post``; ``blocks.l.hook_attn_out`` → ``blocks.l.hook_resid_mid``;
+    ``blocks.l.hook_mlp_out`` → ``blocks.l.hook_resid_post``; ``blocks.l.hook_attn_out`` → ``blocks.l.hook_resid_mid``,
+    or ``blocks.l.hook_resid_post`` in a block with parallel attention and MLP (``parallel=True``: GPT-J, Pythia —
+    both modules read the block input, so block l's MLP never sees the attention write, and there is no resid_mid);
     residual hooks map to themselves.
     """
     layer = hook_layer(name)
     suffix = name.split(".")[-1]
     if layer is not None and suffix in _RESIDUAL_OF_OUTPUT:
-        return f"blocks.{layer}.{_RESIDUAL_OF_OUTPUT[suffix]}"
+        return f"blocks.{layer}.{'hook_resid_post' if parallel else _RESIDUAL_OF_OUTPUT[suffix]}"
     if suffix.startswith("hook_resid_") or name in {"hook_embed", "ln_final.hook_normalized"}:
         return name
     raise ValueError(

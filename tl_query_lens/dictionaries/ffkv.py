@@ -186,8 +186,8 @@ class FFKVSAE(SAE[FFKVSAEConfig]):
 
 def mlp_read_hook(model: HookedTransformer, layer: int) -> str:
     """The hook carrying layer ``layer``'s MLP input (before the norm's weight, which FF-KV folds into its keys)."""
-    if model.cfg.normalization_type is None:
-        return f"blocks.{layer}.hook_resid_mid"
+    if model.cfg.normalization_type is None:  # parallel blocks: the MLP reads the block input
+        return f"blocks.{layer}.{'hook_resid_pre' if model.cfg.parallel_attn_mlp else 'hook_resid_mid'}"
     return f"blocks.{layer}.ln2.hook_normalized"
 
 

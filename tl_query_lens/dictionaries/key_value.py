@@ -51,6 +51,8 @@ class KeyValueView:
             the engine instead of ``v_i``. None: values are fixed directions.
         source_rows: the tangents at :attr:`value_source` when they are dense rows (a hook_z SAE's decoder rows in
             head space, ``[d_sae, n_heads·d_head]``, one head's zero-padded); None for FF-KV (one-hot tangents).
+        parallel_blocks: the model's blocks run attention and MLP in parallel (set by ``as_key_value`` with a model):
+            an attention write then enters at ``hook_resid_post`` (:attr:`value_hook`).
         post_norm_weight: the weight of the norm the values pass through before the write hook (``ln2_post`` for
             FF-KV, ``ln1_post`` for hook_z), which a weights-only readout (LL_VALUE) applies; None without one.
     """
@@ -66,6 +68,7 @@ class KeyValueView:
     fixed_values: bool = True
     head_index: int | None = None
     value_source: str | None = None
+    parallel_blocks: bool = False
     source_rows: Float[torch.Tensor, "d_sae d_src"] | None = None
     post_norm_weight: Float[torch.Tensor, " d_out"] | None = None
 
@@ -88,8 +91,9 @@ class KeyValueView:
 
     @property
     def value_hook(self) -> str:
-        """Residual-stream hook where values enter (``hook_mlp_out`` of layer l → ``blocks.l.hook_resid_post``)."""
-        return residual_hook_of(self.write_hook)
+        """Residual-stream hook where values enter (``hook_mlp_out`` of layer l → ``blocks.l.hook_resid_post``;
+        ``hook_attn_out`` → ``hook_resid_mid``, or ``hook_resid_post`` for parallel blocks)."""
+        return residual_hook_of(self.write_hook, parallel=self.parallel_blocks)
 
     def source_tangents(self, ids: Int[torch.Tensor, " n"]) -> Float[torch.Tensor, "n d_src"]:
         """Tangent at :attr:`value_source` of a unit change of each feature's activation, fp32.
@@ -171,6 +175,9 @@ def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> Key
         {"keys (W_enc)": view.keys, "values (W_dec)": view.values, "b_enc": view.b_enc, "b_dec": view.b_dec},
     )
     if model is not None:
+        parallel = bool(getattr(model.cfg, "parallel_attn_mlp", False))
+        if view.parallel_blocks != parallel:
+            view = dataclasses.replace(view, parallel_blocks=parallel)
         validate_view(view, model)
     return view
 

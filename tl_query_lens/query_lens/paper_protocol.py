@@ -167,4 +167,5 @@ def up_projection_key_view(view: KeyValueView, model: HookedTransformer) -> KeyV
             f"reads {view.read_hook} with activation {view.activation!r}. Use the dictionary's own keys."
         )
     W_in = model.blocks[layer].mlp.W_in.detach().float()  # [d_model, d_mlp]
-    return dataclasses.replace(view, keys=W_in.T.contiguous(), read_hook=f"blocks.{layer}.hook_resid_mid")
+    read = "hook_resid_pre" if model.cfg.parallel_attn_mlp else "hook_resid_mid"  # the residual the MLP reads
+    return dataclasses.replace(view, keys=W_in.T.contiguous(), read_hook=f"blocks.{layer}.{read}")

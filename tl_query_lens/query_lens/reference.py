@@ -84,6 +84,7 @@ def _read_function(model: HookedTransformer, read_hook: str):
         "ln1.hook_normalized": lambda x: _captured(block.ln1.hook_normalized, lambda: block.ln1(x)),
         "ln2.hook_normalized": lambda x: _captured(block.ln2.hook_normalized, lambda: block.ln2(mlp_input(block, x))),
         "attn.hook_z": lambda x: _captured(block.attn.hook_z, lambda: attn_update(block, x)),
+        "hook_attn_out": lambda x: attn_update(block, x),
     }
     if not block.cfg.parallel_attn_mlp:
         functions["hook_resid_mid"] = lambda x: x + attn_update(block, x)
