@@ -133,3 +133,18 @@ def test_certificate_eps_hat_matches_an_independent_splice(arch):
     torch.testing.assert_close(cert.loss_proxy.double(), proxy, atol=1e-4, rtol=0)
     assert cert.eps_hat == pytest.approx((clean - proxy).abs().mean().item(), abs=1e-4)
     assert cert.eps_hat > 1e-3  # the proxy is not the clean model: the comparison has something to compare
+
+
+def test_norm_after_only_blocks_are_refused_where_not_modelled():
+    """OLMo-2/3 blocks (TransformerLens applies ln1 / ln2 after each module, none before): FF-KV and the hook_z
+    mapping would read the module internals wrongly, so they refuse; residual-hook SAEs still work."""
+    from tests.test_hook_z import hook_z_sae
+
+    model = arch_model("llama", original_architecture="Olmo2ForCausalLM")
+    with pytest.raises(NotImplementedError, match="Olmo2ForCausalLM"):
+        FFKV.from_model(model, 0)
+    with pytest.raises(NotImplementedError, match="hook_z"):
+        tq.as_key_value(hook_z_sae(model, per_head=False), model)
+    sae = standard_sae(model, "blocks.1.hook_resid_post")
+    lens = QueryLens(model, tiny_tokens(model, n_seqs=2, seq_len=6), skip_positions=1, progress=False)
+    assert lens.value_signatures(sae, FEATURES, k=3).top_ids.shape == (2, 3)

@@ -167,6 +167,18 @@ def test_subspace_channels_is_the_cli_protocol(tmp_path, monkeypatch):
     assert res.metrics == ref.metrics and res.overlaps == ref.overlaps and res.summary == ref.summary
     with pytest.raises(ValueError, match="key it by 0"):
         subspace_channels(model, {1: FFKV.from_model(model, 0)}, tokens, **options)
+    # An attention write (hook_attn_out of block 0) also passes through block 0's MLP, which reads resid_mid.
+    from tests.test_query_lens import standard_sae
+
+    attn_sae = standard_sae(model, "blocks.0.hook_attn_out")
+    res_attn = subspace_channels(model, {0: attn_sae}, tokens, **options)
+    ops0 = module_operators(model, tokens, [0, 1, 2])
+    mlp0 = ["blocks.0.mlp"] + [f"blocks.{k}.{m}" for k in (1, 2) for m in ("attn", "mlp")]
+    ref_attn = channel_analysis(
+        {0: attn_sae.W_dec.detach()}, {n: ops0[n] for n in mlp0}, n_layers=3, downstream={0: mlp0}, **options
+    )
+    assert res_attn.channels == ref_attn.channels == [f"l0->{n}" for n in mlp0]
+    assert res_attn.metrics == ref_attn.metrics
 
     monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
     monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, 2, 8))

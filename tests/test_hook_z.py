@@ -130,3 +130,35 @@ def test_attention_writes_of_parallel_blocks_enter_at_resid_post():
     sig = lens.value_signatures(sae, features, k=3, method="first_order")
     later = [f"blocks.{k}.{m}" for k in range(LAYER + 1, model.cfg.n_layers) for m in ("attn", "mlp")]
     assert sig.module_names == ["direct", *later]
+
+
+@pytest.mark.parametrize("first", [0, 1])
+@torch.no_grad()
+def test_splice_metrics_of_a_hook_z_sae_in_its_own_space(first):
+    """splice_metrics measures a hook_z SAE on the concatenated hook_z, as SAELens splices it: EV and CE by hand
+    (SAELens' encode / decode, a TransformerLens hook writing the reconstruction, first positions kept clean)."""
+    import torch.nn.functional as F
+
+    from tl_query_lens.dictionaries.splice import splice_metrics
+    from tl_query_lens.errors import InputError
+
+    model = arch_model("gpt2")
+    tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
+    sae = hook_z_sae(model, per_head=False)
+    got = splice_metrics(model, sae, tokens, batch_size=2, exclude_first_positions=first)
+    _, cache = model.run_with_cache(tokens, names_filter=[HOOK_Z])
+    z = cache[HOOK_Z].flatten(2)[:, first:]
+    z_hat = sae.decode(sae.encode(cache[HOOK_Z][:, first:])).flatten(2)
+    ev = 1 - (z - z_hat).pow(2).sum() / (z - z.reshape(-1, z.shape[-1]).mean(0)).pow(2).sum()
+    assert got.explained_variance == pytest.approx(ev.item(), rel=1e-4)
+
+    def write(act, hook):
+        act = act.clone()
+        act[:, first:] = z_hat.reshape(act[:, first:].shape)
+        return act
+
+    logits = model.run_with_hooks(tokens, fwd_hooks=[(HOOK_Z, write)])
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)).item()
+    assert got.ce_spliced == pytest.approx(ce, rel=1e-4)
+    with pytest.raises(InputError, match="one-head SAEs"):
+        splice_metrics(model, hook_z_sae(model, per_head=True), tokens)

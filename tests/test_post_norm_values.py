@@ -156,15 +156,18 @@ def hook_z_reference(ref, tokens, layer: int, tangent: torch.Tensor, method: str
     return total
 
 
-@pytest.mark.parametrize("per_head", [False, True])
-def test_hook_z_values_of_post_norm_blocks_equal_a_per_feature_jvp(per_head):
+@pytest.mark.parametrize("per_head, d_head", [(False, None), (True, None), (False, 12)])
+def test_hook_z_values_of_post_norm_blocks_equal_a_per_feature_jvp(per_head, d_head):
     """hook_z SAEs of Gemma-2 blocks (attention output through ln1_post): the decoder row in head space, added at
     hook_z, pushed through W_O, ln1_post and everything downstream — both bases, full and first-order, against the
-    float64 hook JVP; the per-feature reference and LL_VALUE (v ⊙ w_ln1_post) likewise."""
+    float64 hook JVP; the per-feature reference and LL_VALUE (v ⊙ w_ln1_post) likewise. ``d_head=12``: the head
+    space (n_heads·d_head = 48) is wider than the residual (32), so a mix-up of the two widths cannot pass."""
     from tests.test_hook_z import HEAD, LAYER, hook_z_sae
 
-    model = arch_model("gemma2")
-    ref = float64_copy(model)
+    extra = {} if d_head is None else {"d_head": d_head}
+    model = arch_model("gemma2", **extra)
+    ref = arch_model("gemma2", dtype=torch.float64, **extra)
+    ref.load_state_dict(model.state_dict())
     tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
     sae = hook_z_sae(model, per_head=per_head)
     view = as_key_value(sae, model)
@@ -212,7 +215,7 @@ def test_precompute_covers_post_norm_sources(monkeypatch):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("dictionary", ["ffkv", "hook_z"])
+@pytest.mark.parametrize("dictionary", ["ffkv", "hook_z", "hook_z_head"])
 def test_clamping_on_post_norm_blocks_edits_before_the_norm(dictionary):
     """Steering clamps a feature before the norm: FF-KV sets hook_post_f := α / act_scale_f (the normalized variant's
     activation is act_scale · hook_post); a hook_z SAE adds (α − a_f)·W_dec[f] to z, a_f from SAELens' encode — both
@@ -233,7 +236,7 @@ def test_clamping_on_post_norm_blocks_edits_before_the_norm(dictionary):
             return act
 
         hook = "blocks.1.mlp.hook_post"
-    else:
+    elif dictionary == "hook_z":
         sae = hook_z_sae(model, per_head=False)
 
         def by_hand(z, hook):
@@ -242,7 +245,26 @@ def test_clamping_on_post_norm_blocks_edits_before_the_norm(dictionary):
             return z + (alphas[:, None] - a)[..., None, None] * row
 
         hook = HOOK_Z
+    else:  # one head (hook_head_index): only that head's z moves
+        sae = hook_z_sae(model, per_head=True)
+        head = sae.cfg.metadata.hook_head_index
+
+        def by_hand(z, hook):
+            a = sae.encode(z[:, :, head])[torch.arange(2), :, feats]  # [batch, pos]
+            z = z.clone()
+            z[:, :, head] += (alphas[:, None] - a)[..., None] * sae.W_dec.detach()[feats][:, None, :]
+            return z
+
+        hook = HOOK_Z
     expected = model.run_with_hooks(tokens, fwd_hooks=[(hook, by_hand)])
     got = model.run_with_hooks(tokens, fwd_hooks=clamp_hooks(as_key_value(sae, model), feats, alphas))
     assert not torch.allclose(expected, model(tokens), atol=1e-3)  # the clamp changes the logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_channels_refuse_post_norm_values():
+    from tl_query_lens.query_lens.channels import subspace_channels
+
+    model = arch_model("gemma2")
+    with pytest.raises(ValueError, match="per-token norm"):
+        subspace_channels(model, {0: FFKV.from_model(model, 0)}, tiny_tokens(model, 2, 6), epochs=2)

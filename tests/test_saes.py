@@ -238,12 +238,15 @@ def test_bad_input_errors(cache, tmp_path):
         load_suite("tiny-test", ["blocks.9.hook_resid_post"])
 
 
-@pytest.mark.parametrize("first", [0, 1])
-def test_report_matches_splice_metrics_and_zero_ablation(cache, first):
-    """Against splice_metrics (run_with_saes, or a clean-first-positions hook splice) and a zero-ablation hook."""
+@pytest.mark.parametrize("first, arch", [(0, None), (1, None), (1, "pythia")])
+def test_report_matches_splice_metrics_and_zero_ablation(cache, first, arch):
+    """Against splice_metrics (run_with_saes, or a clean-first-positions hook splice) and a zero-ablation hook;
+    Pythia: parallel blocks, no resid_mid."""
     from transformer_lens.hook_points import HookPoint
 
-    model = tiny_model("gated_rms")
+    from tests.helpers import arch_model
+
+    model = tiny_model("gated_rms") if arch is None else arch_model(arch)
     tokens = tiny_tokens(model, n_seqs=5, seq_len=12, seed=3)
     torch.manual_seed(0)
     sae_cfg = TopKTrainingSAEConfig(d_in=32, d_sae=40, k=6, apply_b_dec_to_input=False)

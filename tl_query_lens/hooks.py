@@ -70,3 +70,33 @@ def residual_hook_of(name: str, *, parallel: bool = False) -> str:
         f"Vectors written at {name!r} do not live in the residual stream; write hooks must be hook_resid_pre/mid/post, "
         "hook_mlp_out or hook_attn_out (hook_z SAEs: as_key_value(sae, model) maps their values through W_O)."
     )
+
+
+def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
+    """Module operators (``blocks.k.attn`` / ``blocks.k.mlp``) a vector written at ``value_hook`` passes through."""
+    layer = hook_layer(value_hook)
+    suffix = value_hook.rsplit(".", 1)[-1]
+    if layer is None or suffix not in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
+        raise ValueError(f"Value hooks are residual hooks blocks.l.hook_resid_pre/mid/post, not {value_hook!r}.")
+    modules = {
+        "hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
+        "hook_resid_mid": [f"blocks.{layer}.mlp"],
+        "hook_resid_post": [],
+    }[suffix]
+    return modules + [f"blocks.{k}.{m}" for k in range(layer + 1, n_layers) for m in ("attn", "mlp")]
+
+
+# TransformerLens' OLMo-2/3 blocks (transformer_lens.utilities.architectures.POST_NORM_ARCHITECTURES) apply ln1 / ln2
+# AFTER attention / the MLP, before hook_attn_out / hook_mlp_out, and no norm before them.
+_NORM_AFTER_ONLY = {"Olmo2ForCausalLM", "Olmo3ForCausalLM"}
+
+
+def refuse_norm_after_only(model, what: str) -> None:
+    """Raise for OLMo-2/3-style blocks (a norm after each module and none before it), which ``what`` does not model:
+    its reading of the module internals assumes a norm before the module (and Gemma-2's optional one after)."""
+    arch = getattr(model.cfg, "original_architecture", None)
+    if arch in _NORM_AFTER_ONLY:
+        raise NotImplementedError(
+            f"{what} is not supported on {arch} blocks (ln1 / ln2 after attention / the MLP, no norm before them). "
+            "Dictionaries on residual hooks, hook_attn_out and hook_mlp_out work there (Query Lens, certification)."
+        )

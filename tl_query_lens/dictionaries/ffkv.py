@@ -27,6 +27,7 @@ from torch import nn
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from tl_query_lens.hooks import refuse_norm_after_only
 from tl_query_lens.primitives import topk_mask
 
 ACTIVATIONS = {
@@ -213,6 +214,7 @@ class FFKV:
             raise ValueError("This model is attention-only: it has no MLP to read key-value memories from.")
         if cfg.act_fn not in ACTIVATIONS:
             raise ValueError(f"FF-KV supports MLP activations {sorted(ACTIVATIONS)}, not {cfg.act_fn!r}.")
+        refuse_norm_after_only(model, "FF-KV")
         block = model.blocks[layer]
         mlp = block.mlp
         ln = getattr(block, "ln2", None)

@@ -24,7 +24,7 @@ from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError, check_dictionary_finite
-from tl_query_lens.hooks import check_hook, hook_dims, hook_layer, residual_hook_of
+from tl_query_lens.hooks import check_hook, hook_dims, hook_layer, refuse_norm_after_only, residual_hook_of
 
 _LINEAR_NORMS = {"none", "expected_average_only_in"}  # no per-token factor at run time
 _SCALING_NORMS = {"constant_norm_rescale", "layer_norm"}  # a positive per-token factor on ⟨k, x⟩ and on the output
@@ -44,7 +44,8 @@ class KeyValueView:
         write_hook: hook the reconstruction replaces.
         dictionary: the wrapped object (its ``encode`` gives activations).
         fixed_values: False when the decoder passes ``Σ a_i v_i`` through a per-token norm before the write hook
-            (FF-KV of a block with a post-MLP norm, Gemma-2): the values are then no fixed residual directions.
+            (FF-KV of a block with a post-MLP norm, a hook_z SAE of a block with a post-attention norm: Gemma-2): the
+            values are then no fixed residual directions.
         value_source: for such dictionaries, the hook before the norm where a change of feature i's activation is a
             fixed tangent (:meth:`source_tangents`): ``blocks.l.mlp.hook_post`` for a post-norm FF-KV,
             ``blocks.l.attn.hook_z`` for a hook_z SAE of a post-norm block. Value signatures push that tangent through
@@ -231,6 +232,7 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
     On a block with a norm after attention (Gemma-2 ``ln1_post``) ``hook_attn_out`` is that norm of ``Σ a_i v_i + b``,
     so the values are no fixed residual directions: the view then names ``attn.hook_z`` as the value source, with the
     head-space decoder rows (one head's zero-padded) as its tangents (:meth:`KeyValueView.source_tangents`)."""
+    refuse_norm_after_only(model, "Mapping a hook_z SAE through W_O")
     layer = hook_layer(view.read_hook)
     attn = model.blocks[layer].attn
     W_O = attn.W_O.detach().float()  # [n_heads, d_head, d_model]

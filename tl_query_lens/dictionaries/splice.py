@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import check_outputs
+from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
@@ -62,8 +62,20 @@ def splice_metrics(
     runs as a hook that writes the reconstruction from the clean read-hook activation at the other positions) and
     leaves them out of L0, alive, EV and KL: SAEBench's ``exclude_special_tokens_from_reconstruction``, by position,
     for models whose first position is an attention sink (SmolLM2, ``docs/saes.md``).
+
+    Metrics are taken in the dictionary's own space, at its own hooks (``metadata.hook_name`` / ``hook_name_out``), as
+    SAELens splices it: a hook_z SAE (all heads, ``reshape_activations="hook_z"``) is measured on the concatenated
+    ``hook_z`` (``[n_heads·d_head]``), not on ``hook_attn_out`` where its key–value view writes.
     """
     view = as_key_value(sae, model)
+    if view.head_index is not None:
+        raise InputError(
+            f"This SAE reads one head of {view.read_hook} (hook_head_index={view.head_index}); SAELens does not splice "
+            "one-head SAEs into a HookedSAETransformer, so there is no splice to measure. Use an SAE over all heads "
+            '(reshape_activations="hook_z").'
+        )
+    read_hook = sae.cfg.metadata.hook_name
+    write_hook = sae.cfg.metadata.hook_name_out or read_hook
     tokens = check_tokens(model, tokens)
     check_first_positions(exclude_first_positions, tokens.shape[1])
     keep = torch.arange(tokens.shape[1], device=model.cfg.device) >= exclude_first_positions
@@ -73,11 +85,11 @@ def splice_metrics(
     n_tok = 0
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
-        logits, cache = model.run_with_cache(batch, names_filter=[view.read_hook, view.write_hook])
-        x, y = cache[view.read_hook], cache[view.write_hook]
-        acts = sae.encode(x)[:, keep]
-        y_hat = sae.decode(acts)
-        y = y[:, keep]
+        logits, cache = model.run_with_cache(batch, names_filter=[read_hook, write_hook])
+        x, y = cache[read_hook], cache[write_hook]
+        acts = sae.encode(x[:, keep])
+        y_hat = sae.decode(acts).flatten(2)  # hook_z: [batch, pos, n_heads·d_head]
+        y = y[:, keep].flatten(2)
         nonzero = acts != 0
         fired |= nonzero.reshape(-1, view.d_sae).any(0).cpu()
         l0_sum += nonzero.sum().item()
@@ -90,7 +102,7 @@ def splice_metrics(
             def splice(act: torch.Tensor, hook: Any, y_hat: torch.Tensor = y_hat) -> torch.Tensor:
                 return write_from(exclude_first_positions, y_hat, act)
 
-            spliced = model.run_with_hooks(batch, fwd_hooks=[(view.write_hook, splice)])
+            spliced = model.run_with_hooks(batch, fwd_hooks=[(write_hook, splice)])
         else:
             spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
         ce_clean += _ce_sum(logits, batch)

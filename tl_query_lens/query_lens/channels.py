@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import check_finite
-from tl_query_lens.hooks import hook_layer
+from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -233,6 +233,7 @@ def channel_analysis(
     operators: Mapping[str, Float[torch.Tensor, "d_model d_model"]],
     *,
     n_layers: int,
+    downstream: Mapping[int, Sequence[str]] | None = None,
     cfg: ChannelConfig | None = None,
     **overrides: Any,
 ) -> ChannelAnalysis:
@@ -240,9 +241,11 @@ def channel_analysis(
 
     Args:
         values_by_source: source layer l → value vectors ``[N, d_model]`` of its features.
-        operators: module operators ``blocks.k.attn`` / ``blocks.k.mlp`` → ``[d_model, d_model]``; every module with
-            k > l is used for source l.
+        operators: module operators ``blocks.k.attn`` / ``blocks.k.mlp`` → ``[d_model, d_model]``; by default every
+            module with k > l is used for source l (values written at ``blocks.l.hook_resid_post``).
         n_layers: the model's L (for the default rank d/L).
+        downstream: source layer → the module names its values pass through (``downstream_modules(value_hook)``:
+            block l's MLP too for an attention write, both block-l modules for ``hook_resid_pre``); None: k > l.
         cfg / overrides: a :class:`ChannelConfig`; keyword overrides replace single fields.
     """
     cfg = resolve_config(ChannelConfig, cfg, overrides)
@@ -267,10 +270,13 @@ def channel_analysis(
             raise ValueError(f"Source layer {source}: {n} features cannot be split {cfg.train_frac:.0%}/rest.")
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))
         train, test = perm[:n_train], perm[n_train:]
-        downstream = {k: op for k, op in operators.items() if _layer_of(k) > source}
-        if not downstream:
+        if downstream is None:
+            reached = {k: op for k, op in operators.items() if _layer_of(k) > source}
+        else:
+            reached = {k: operators[k] for k in downstream[source] if k in operators}
+        if not reached:
             raise ValueError(f"No module operators downstream of layer {source}; compute module_operators for k > l.")
-        responses = module_responses(values, downstream)
+        responses = module_responses(values, reached)
         for module, Y in responses.items():
             name = f"l{source}->{module}"
             names.append(name)
@@ -365,7 +371,8 @@ def subspace_channels(
     cfg = resolve_config(SubspaceChannelsConfig, cfg, overrides)
     if not dictionaries:
         raise ValueError("dictionaries is empty; pass {source layer: dictionary} for at least one layer.")
-    values = {}
+    values, downstream = {}, {}
+    n_layers = model.cfg.n_layers
     for source, dictionary in dictionaries.items():
         view = as_key_value(dictionary, model)
         written = hook_layer(view.write_hook)
@@ -374,13 +381,22 @@ def subspace_channels(
                 f"The dictionary given for source layer {source} writes at {view.write_hook} (layer {written}); "
                 f"key it by {written}."
             )
+        if not view.fixed_values:
+            raise ValueError(
+                f"The values of the dictionary of source layer {source} pass through a per-token norm before "
+                f"{view.write_hook} (a post-norm block, Gemma-2), so they are no fixed residual directions and have no "
+                "channel through the module operators; use a dictionary writing a residual hook of that layer."
+            )
         values[source] = view.values
-    n_layers = model.cfg.n_layers
-    layers = cfg.operator_layers or tuple(range(min(values) + 1, n_layers))
+        downstream[source] = downstream_modules(view.value_hook, n_layers)  # attention writes: block l's MLP too
+    needed = sorted({hook_layer(name) for names in downstream.values() for name in names})
+    layers = cfg.operator_layers or tuple(needed)
     operators = module_operators(
         model, tokens, layers, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
     )
-    return channel_analysis(values, {name: operators[name] for name in operators}, n_layers=n_layers, cfg=cfg)
+    return channel_analysis(
+        values, {name: operators[name] for name in operators}, n_layers=n_layers, downstream=downstream, cfg=cfg
+    )
 
 
 def _layer_of(module: str) -> int:

@@ -44,7 +44,7 @@ from transformer_lens.components import LayerNorm, LayerNormPre
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.errors import check_outputs
-from tl_query_lens.hooks import hook_layer
+from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
 from tl_query_lens.operators.engine import basis_fingerprint, check_tokens
 from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
@@ -64,20 +64,6 @@ SIGNATURE_METHODS: dict[str, tuple[str, str]] = {
 }
 Basis = Literal["auto", "identity", "features"]
 _BASES = ("auto", "identity", "features")
-
-
-def downstream_modules(value_hook: str, n_layers: int) -> list[str]:
-    """Module operators (``blocks.k.attn`` / ``blocks.k.mlp``) a vector written at ``value_hook`` passes through."""
-    layer = hook_layer(value_hook)
-    suffix = value_hook.rsplit(".", 1)[-1]
-    if layer is None or suffix not in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
-        raise ValueError(f"Value hooks are residual hooks blocks.l.hook_resid_pre/mid/post, not {value_hook!r}.")
-    modules = {
-        "hook_resid_pre": [f"blocks.{layer}.attn", f"blocks.{layer}.mlp"],
-        "hook_resid_mid": [f"blocks.{layer}.mlp"],
-        "hook_resid_post": [],
-    }[suffix]
-    return modules + [f"blocks.{k}.{m}" for k in range(layer + 1, n_layers) for m in ("attn", "mlp")]
 
 
 class QueryLens:
@@ -395,8 +381,8 @@ class QueryLens:
             raise ValueError(
                 f"The values of this dictionary pass through a per-token norm before {view.write_hook}, and its view "
                 "names no hook before that norm (KeyValueView.value_source), so they have no fixed residual direction "
-                "for value signatures; key signatures work. Set value_source (and source_rows) on the view, or use an "
-                "SAE on hook_attn_out / hook_mlp_out."
+                "for value signatures; key signatures work. Set value_source, source_rows and post_norm_weight (for "
+                "LL_VALUE) on the view, or use an SAE on hook_attn_out / hook_mlp_out."
             )
         if method not in ("full", "first_order", "logit_lens"):
             raise ValueError(f"method must be 'full', 'first_order' or 'logit_lens', not {method!r}.")
@@ -459,6 +445,14 @@ class QueryLens:
     def _final_norm(self, raw: Float[torch.Tensor, "n d_model"]) -> Float[torch.Tensor, "n d_model"]:
         """LN_f applied to each direction itself (the module, eps and weights included; not linearised)."""
         return self.model.ln_final(raw.to(self.model.cfg.dtype)[None])[0].float()
+
+    @staticmethod
+    def _signature_hook(view: KeyValueView, side: str, method: str) -> str:
+        """Where the scored directions start: the read hook (keys), the value hook, or — for post-norm blocks'
+        corpus methods — the source hook the activation tangent is pushed from."""
+        if side != "value":
+            return view.read_hook
+        return view.value_source if view.value_source and method != "logit_lens" else view.value_hook
 
     def _norm_parts(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """``(1/σ(u) [n,1], w [d], centre?)`` with LN_f(u) = w ⊙ P(u)/σ(u) + b."""
@@ -526,7 +520,7 @@ class QueryLens:
         result = Signatures(
             side=side,
             method=method,
-            hook=view.value_hook if side == "value" else view.read_hook,
+            hook=self._signature_hook(view, side, method),
             feature_ids=ids.clone(),
             top_ids=top_ids,
             top_scores=torch.cat(top_scores).cpu(),

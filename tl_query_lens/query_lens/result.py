@@ -23,7 +23,8 @@ class Signatures(SavableResult):
     Attributes:
         side: ``"value"`` (what the feature promotes) or ``"key"`` (what activates it).
         method: ``"full"``, ``"first_order"`` or ``"logit_lens"``.
-        hook: the value hook (value side) or read hook (key side) of the dictionary.
+        hook: the value hook (value side; for post-norm blocks' corpus methods the source hook the tangent is pushed
+            from, e.g. ``blocks.l.mlp.hook_post``) or read hook (key side) of the dictionary.
         feature_ids: ``[n_features]`` dictionary indices, in request order.
         top_ids / top_scores: ``[n_features, k]`` highest-scoring tokens, best first.
         bottom_ids / bottom_scores: ``[n_features, k]`` lowest-scoring tokens, lowest first.

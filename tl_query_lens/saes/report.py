@@ -115,14 +115,22 @@ def _layer(sae: SAE) -> int:
     return layer
 
 
-def _residual_after(sae: SAE, cache, written: torch.Tensor) -> torch.Tensor:
+def _mlp_input_residual(layer: int, parallel: bool) -> list[str]:
+    """Hooks whose sum is the residual block ``layer`` adds its MLP write to: ``resid_mid``, or ``resid_pre`` +
+    ``attn_out`` in a block with parallel attention and MLP (no ``resid_mid`` there)."""
+    if parallel:
+        return [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out"]
+    return [f"blocks.{layer}.hook_resid_mid"]
+
+
+def _residual_after(sae: SAE, cache, written: torch.Tensor, parallel: bool = False) -> torch.Tensor:
     """The residual after block L when the write hook carries ``written``."""
     hook = _write_hook(sae)
     layer = _layer(sae)
     if hook == f"blocks.{layer}.hook_resid_post":
         return written
     if hook == f"blocks.{layer}.hook_mlp_out":
-        return cache[f"blocks.{layer}.hook_resid_mid"] + written
+        return sum(cache[name] for name in _mlp_input_residual(layer, parallel)) + written
     raise ValueError(f"The report splices at hook_resid_post or hook_mlp_out, not {hook!r}.")
 
 
@@ -150,10 +158,11 @@ def suite_quality(
             "Need at least one sequence of >= 2 tokens; load them with load_corpus(..., split='evaluation')."
         )
     start = time.perf_counter()
+    parallel = bool(model.cfg.parallel_attn_mlp)
     needed: set[str] = set()
     for sae in saes.values():
         layer = _layer(sae)
-        needed |= {sae.cfg.metadata.hook_name, _write_hook(sae), f"blocks.{layer}.hook_resid_mid"}
+        needed |= {sae.cfg.metadata.hook_name, _write_hook(sae), *_mlp_input_residual(layer, parallel)}
     for hook in needed:
         check_hook(model, hook)
     stats = {
@@ -192,8 +201,8 @@ def suite_quality(
             s["y_sum"] = s["y_sum"] + y_kept.reshape(-1, y.shape[-1]).double().sum(0)
             s["y_sq"] += y_kept.double().pow(2).sum().item()
             restart = _layer(sae) + 1
-            spliced = model(_residual_after(sae, cache, y_hat), start_at_layer=restart)
-            zeroed = model(_residual_after(sae, cache, torch.zeros_like(y)), start_at_layer=restart)
+            spliced = model(_residual_after(sae, cache, y_hat, parallel), start_at_layer=restart)
+            zeroed = model(_residual_after(sae, cache, torch.zeros_like(y), parallel), start_at_layer=restart)
             s["ce_spliced"] += _ce_sum(spliced, batch)
             s["ce_zero"] += _ce_sum(zeroed, batch)
             logq = spliced.log_softmax(-1)
