@@ -145,6 +145,15 @@ def test_norm_after_only_blocks_are_refused_where_not_modelled():
         FFKV.from_model(model, 0)
     with pytest.raises(NotImplementedError, match="hook_z"):
         tq.as_key_value(hook_z_sae(model, per_head=False), model)
-    sae = standard_sae(model, "blocks.1.hook_resid_post")
-    lens = QueryLens(model, tiny_tokens(model, n_seqs=2, seq_len=6), skip_positions=1, progress=False)
-    assert lens.value_signatures(sae, FEATURES, k=3).top_ids.shape == (2, 3)
+    from tests.test_post_norm_values import hook_jvp, rel
+
+    ref = arch_model("llama", original_architecture="Olmo2ForCausalLM", dtype=torch.float64)
+    ref.load_state_dict(model.state_dict())
+    tokens = tiny_tokens(model, n_seqs=2, seq_len=6)
+    lens = QueryLens(model, tokens, skip_positions=1, progress=False)
+    final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    for hook in ("blocks.0.hook_resid_post", "blocks.1.hook_attn_out"):  # the engine is hook-based: still exact
+        sae = standard_sae(model, hook)
+        write = "blocks.1.hook_resid_mid" if hook.endswith("attn_out") else hook
+        expected = torch.stack([hook_jvp(ref, tokens, write, sae.W_dec.detach()[f].double(), final) for f in FEATURES])
+        assert rel(lens.value_directions(sae, FEATURES), expected) < 1e-5, hook
