@@ -12,6 +12,7 @@ from tests.test_certify import ref_loss, topk_abs
 from tests.test_hook_z import hook_z_sae
 from tests.test_query_lens import CASES, rel_err, standard_sae
 from tl_query_lens import FFKV, QueryLens, query_lens_reference
+from tl_query_lens.errors import InputError
 from tl_query_lens.operators import module_operators
 from tl_query_lens.readout import decompose, fit_readout, margin, token_logit
 
@@ -141,8 +142,9 @@ def test_norm_after_only_blocks_are_refused_where_not_modelled():
     from tests.test_hook_z import hook_z_sae
 
     model = arch_model("llama", original_architecture="Olmo2ForCausalLM")
-    with pytest.raises(NotImplementedError, match="Olmo2ForCausalLM"):
+    with pytest.raises(NotImplementedError, match="Olmo2ForCausalLM") as err:
         FFKV.from_model(model, 0)
+    assert isinstance(err.value, InputError)  # the CLI prints it and exits 2, no traceback
     with pytest.raises(NotImplementedError, match="hook_z"):
         tq.as_key_value(hook_z_sae(model, per_head=False), model)
     from tests.test_post_norm_values import hook_jvp, rel

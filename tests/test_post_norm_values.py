@@ -266,5 +266,7 @@ def test_channels_refuse_post_norm_values():
     from tl_query_lens.query_lens.channels import subspace_channels
 
     model = arch_model("gemma2")
-    with pytest.raises(ValueError, match="per-token norm"):
+    from tl_query_lens.errors import InputError
+
+    with pytest.raises(InputError, match="per-token norm"):
         subspace_channels(model, {0: FFKV.from_model(model, 0)}, tiny_tokens(model, 2, 6), epochs=2)

@@ -41,6 +41,10 @@ class MissingFileError(InputError, FileNotFoundError):
     """A file or folder the user named that does not exist."""
 
 
+class UnsupportedModelError(InputError, NotImplementedError):
+    """A model layout a method does not model (e.g. OLMo-2/3 norms after each module for FF-KV); names what works."""
+
+
 class UnavailableError(InputError, RuntimeError):
     """A model or dataset that cannot be reached from here (no hub, package missing)."""
 

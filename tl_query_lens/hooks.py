@@ -8,7 +8,7 @@ import re
 import torch
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import HookNotFoundError
+from tl_query_lens.errors import HookNotFoundError, UnsupportedModelError
 
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 # Where a module's output joins the residual stream: perturbing it equals perturbing that residual hook.
@@ -96,7 +96,7 @@ def refuse_norm_after_only(model, what: str) -> None:
     its reading of the module internals assumes a norm before the module (and Gemma-2's optional one after)."""
     arch = getattr(model.cfg, "original_architecture", None)
     if arch in _NORM_AFTER_ONLY:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{what} is not supported on {arch} blocks (ln1 / ln2 after attention / the MLP, no norm before them). "
             "Dictionaries on residual hooks, hook_attn_out and hook_mlp_out work there (Query Lens, certification)."
         )

@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import check_finite
+from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.results import SavableResult
 
@@ -382,7 +382,7 @@ def subspace_channels(
                 f"key it by {written}."
             )
         if not view.fixed_values:
-            raise ValueError(
+            raise InputError(
                 f"The values of the dictionary of source layer {source} pass through a per-token norm before "
                 f"{view.write_hook} (a post-norm block, Gemma-2), so they are no fixed residual directions and have no "
                 "channel through the module operators; use a dictionary writing a residual hook of that layer."
