@@ -50,7 +50,9 @@ def add_parser(subparsers) -> None:
     train.add_argument("--d-sae", type=int, default=4608)
     train.add_argument("--k", type=int, default=32)
     train.add_argument("--corpus", default="stdlib")
-    train.add_argument("--n-seqs", type=int, default=1024, help="training sequences cached (0: the whole split)")
+    train.add_argument(
+        "--n-seqs", type=int, default=None, help="training sequences cached (0: the whole split; default 2048)"
+    )
     train.add_argument("--seq-len", type=int, default=128)
     train.add_argument("--training-tokens", type=int, default=2_000_000, help="activations per dictionary")
     train.add_argument("--batch-size", type=int, default=1024)
@@ -194,7 +196,7 @@ def run_train(args: argparse.Namespace) -> int:
         d_sae=args.d_sae,
         k=args.k,
         corpus=args.corpus,
-        n_seqs=args.n_seqs or None,
+        n_seqs=SAESuiteConfig.n_seqs if args.n_seqs is None else (args.n_seqs or None),
         seq_len=args.seq_len,
         training_tokens=args.training_tokens,
         batch_size_tokens=args.batch_size,

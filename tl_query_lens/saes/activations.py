@@ -79,11 +79,15 @@ def cache_activations(
     out_dir: str | Path,
     *,
     batch_size: int = 8,
+    autocast: bool = False,
 ) -> ActivationCache:
     """Run ``model`` once over ``tokens`` and store the activations at ``hooks`` as float16 memmaps in ``out_dir``.
 
     Resumable: a folder holding a partial cache of the same tokens and hooks continues after its last written batch;
     one holding other tokens or hooks raises an error naming the folder (nothing is overwritten).
+
+    ``autocast``: run the forward pass under bf16 autocast (fp32 weights, bf16 matrix products; SAELens'
+    ``autocast_lm``); recorded in ``cache.json``, so a cache of the other precision is not reused.
 
     Raises:
         OverflowError: an activation exceeds the float16 range (its hook and value are named).
@@ -102,6 +106,7 @@ def cache_activations(
         "fingerprint": corpus_fingerprint(tokens),
         "model": model.cfg.model_name,
         "dtype": "float16",
+        "autocast": bool(autocast),
     }
     info_file = out / "cache.json"
     done = 0
@@ -129,7 +134,8 @@ def cache_activations(
     with tqdm(total=n_seqs * seq_len, initial=done * seq_len, desc="activation pass", unit="tok") as bar:
         for start in range(done, n_seqs, batch_size):
             batch = tokens[start : start + batch_size].to(device)
-            _, cache = model.run_with_cache(batch, names_filter=hooks, stop_at_layer=stop)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                _, cache = model.run_with_cache(batch, names_filter=hooks, stop_at_layer=stop)
             rows = slice(start * seq_len, (start + batch.shape[0]) * seq_len)
             for hook in hooks:
                 act = cache[hook].reshape(-1, dims[hook]).float()
