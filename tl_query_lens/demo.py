@@ -43,7 +43,7 @@ class DemoConfig:
     seq_len: int = 32
     operator_cache: Path | None = None
     splice_seqs: int = 16
-    readout_sae_id: str = "cpu"
+    readout_sae_id: str = "small"
     readout_overrides: dict = field(default_factory=lambda: {"max_seconds": 480.0})
     cert_layer: int = 18
     k: int = 64
@@ -61,7 +61,7 @@ class DemoConfig:
             "operator_seqs": 1,
             "seq_len": 12,
             "splice_seqs": 4,
-            "readout_sae_id": "quick",
+            "readout_sae_id": "small",
             "readout_overrides": {"width_mult": 2, "k": 32, "steps": 80, "n_seqs": 8},
             "cert_layer": 24,
             "n_cal": 32,
@@ -181,19 +181,28 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
         fit_readout,
         top1_vs_competitor,
     )
+    from tl_query_lens.readout.registry import READOUT_RELEASES
 
-    path = cached_sae_path(cfg.model, cfg.readout_sae_id)
-    if (path / "cfg.json").exists():
-        sae = SAE.load_from_disk(path)
-        how = f"loaded from the cache {path}"
+    release = READOUT_RELEASES.release_name(cfg.model)
+    if cfg.readout_sae_id in READOUT_RELEASES.available_ids(cfg.model):
+        sae = SAE.from_pretrained(release, cfg.readout_sae_id)
+        where = "the user cache" if cfg.readout_sae_id in READOUT_RELEASES.cached_ids(cfg.model) else "the package"
+        how = f"loaded from {where}: SAE.from_pretrained({release!r}, {cfg.readout_sae_id!r})"
     else:
         fit = fit_readout(model, corpus=cfg.corpus, **cfg.readout_overrides)
         if fit.history:
             tracker.log_table("readout_train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
         tracker.log_scalars("readout_fit", fit.final)
         sae = fit.sae
+        sae_id = fit.cache_id(cfg.readout_sae_id)
+        path = cached_sae_path(cfg.model, sae_id)
         sae.save_model(path)
-        how = f"fitted in {fit.seconds:.0f} s ({cfg.readout_overrides or 'cpu preset'}) and cached at {path}"
+        how = f"fitted in {fit.seconds:.0f} s ({cfg.readout_overrides or 'small preset'}) and cached at {path}"
+        if not fit.complete:
+            how = (
+                f"PARTIAL FIT: stopped at step {int(fit.final['steps'])} of {fit.config.steps} by max_seconds, so it is "
+                f"cached as {sae_id!r}, not {cfg.readout_sae_id!r}; its decomposition has a larger residual. " + how
+            )
     tokens = load_corpus(cfg.corpus, model, n_seqs=1, seq_len=32, split="evaluation", seed=cfg.seed)
     hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     _, cache = model.run_with_cache(tokens, names_filter=[hook])

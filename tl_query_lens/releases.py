@@ -8,10 +8,21 @@ its own loader: the loader reads ``cache_dir()/<cache_subdir>/<release>/<sae_id>
 makes the missing dictionary. A release's ids are read from the cache at each lookup (:class:`ReleaseIds`), so a
 dictionary written after this process registered the releases is reachable too; models with something cached but no
 shipped entry get a release as well.
+
+Shipped dictionaries (the embedded model's suite and readout SAE) travel inside the package, under
+``tl_query_lens/release/<release>/<sae_id>/``: SAELens' ``cfg.json`` beside ``sae_weights.int8.safetensors``, whose
+matrices are stored as int8 with one float32 scale per dictionary feature (``w ≈ q·s``, ``s = max|w|/127`` over the
+feature's row of ``W_dec`` or column of ``W_enc``) and whose vectors stay float32. They are dequantised on load into
+the dtype asked for. ``manifest.json`` of each release records the sha256 of every file; the loader checks a
+dictionary's files against it before reading them, so a truncated or edited file raises :class:`CorruptFileError`
+naming the file, never a wrong dictionary. Lookup order: a complete dictionary the user trained or fitted into the
+cache, then the shipped one, then the hub repo.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,8 +30,138 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sae_lens.loading.pretrained_sae_loaders import NAMED_PRETRAINED_SAE_LOADERS, sae_lens_disk_loader
+from sae_lens.loading.pretrained_sae_loaders import (
+    NAMED_PRETRAINED_SAE_LOADERS,
+    get_sae_lens_config_from_disk,
+    sae_lens_disk_loader,
+)
 from sae_lens.loading.pretrained_saes_directory import PretrainedSAELookup, get_pretrained_saes_directory
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tl_query_lens.errors import CorruptFileError, MissingFileError
+
+QUANTISED_WEIGHTS = "sae_weights.int8.safetensors"
+MANIFEST = "manifest.json"
+_SCALE = ".scale"
+_INT8 = ".int8"
+
+
+def shipped_root() -> Path:
+    """Folder of the releases shipped inside the package (``tl_query_lens/release``)."""
+    return Path(__file__).resolve().parent / "release"
+
+
+def quantise_state(state: dict[str, torch.Tensor], d_sae: int) -> dict[str, torch.Tensor]:
+    """int8 with one float32 scale per dictionary feature for every matrix with a ``d_sae`` axis; vectors float32.
+
+    ``W_enc`` ``[d_in, d_sae]`` gets a scale per column, ``W_dec`` ``[d_sae, d_out]`` one per row: ``q = round(w/s)``,
+    ``s = max|w|/127`` over the feature, so every feature keeps its own relative precision (≤ 1/254 of its
+    largest weight).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu", torch.float32)
+        if t.ndim == 2 and d_sae in t.shape:
+            axis = 0 if t.shape[0] == d_sae else 1
+            scale = t.abs().amax(dim=1 - axis, keepdim=True).clamp_min(1e-30) / 127.0
+            out[name + _INT8] = torch.round(t / scale).clamp(-127, 127).to(torch.int8).contiguous()
+            out[name + _SCALE] = scale.contiguous()
+        else:
+            out[name] = t.contiguous()
+    return out
+
+
+def dequantise_state(
+    stored: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`quantise_state`: ``q·s`` (computed in float32, then cast to ``dtype``)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in stored.items():
+        if name.endswith(_SCALE):
+            continue
+        if name.endswith(_INT8):
+            base = name.removesuffix(_INT8)
+            value = tensor.to(torch.float32) * stored[base + _SCALE]
+        else:
+            base, value = name, tensor
+        state[base] = value.to(device=device, dtype=dtype)
+    return state
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(release_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record the sha256 and size of every file under ``release_dir`` (but the manifest) in ``manifest.json``."""
+    files = {
+        p.relative_to(release_dir).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(release_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {"files": files, **(extra or {})}
+    (release_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return manifest
+
+
+def verify_shipped(release_dir: Path, sae_id: str) -> None:
+    """Check the files of ``sae_id`` against the release manifest; :class:`CorruptFileError` names the first bad one."""
+    restore = (
+        "Restore the file from the repository (`git checkout -- tl_query_lens/release`) or reinstall the package "
+        "(`pip install --force-reinstall tl_query_lens`); nothing was loaded."
+    )
+    manifest_path = release_dir / MANIFEST
+    try:
+        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError) as err:
+        raise CorruptFileError(manifest_path, f"the release manifest cannot be read ({err})", restore) from err
+    own = {name: entry for name, entry in files.items() if name.split("/", 1)[0] == sae_id}
+    if not own:
+        raise CorruptFileError(release_dir / sae_id, "the manifest lists no files of this dictionary", restore)
+    for name, entry in own.items():
+        path = release_dir / name
+        if not path.is_file():
+            raise CorruptFileError(path, "the file is missing", restore)
+        if path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            raise CorruptFileError(
+                path, f"its sha256 does not match the release manifest ({entry['bytes']} bytes expected)", restore
+            )
+
+
+def read_shipped(
+    release_dir: Path, sae_id: str, device: str = "cpu", cfg_overrides: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Verify, then read a shipped dictionary as SAELens' ``(cfg_dict, state_dict)`` in the dtype asked for."""
+    from sae_lens.saes.sae import str_to_dtype
+
+    verify_shipped(release_dir, sae_id)
+    folder = release_dir / sae_id
+    cfg = get_sae_lens_config_from_disk(folder, device, cfg_overrides)
+    try:
+        stored = load_file(str(folder / QUANTISED_WEIGHTS))
+    except (OSError, SafetensorError) as err:  # checksum matched but unreadable: a packing bug, still name it
+        raise CorruptFileError(folder / QUANTISED_WEIGHTS, f"unreadable ({err})", "repack the release") from err
+    return cfg, dequantise_state(stored, str_to_dtype(cfg.get("dtype", "float32")), device)
+
+
+def write_shipped(sae_folder: Path, release_dir: Path, sae_id: str) -> Path:
+    """Pack one SAELens folder (``cfg.json`` + ``sae_weights.safetensors``) into ``release_dir/sae_id``."""
+    cfg = json.loads((Path(sae_folder) / "cfg.json").read_text(encoding="utf-8"))
+    state = load_file(str(Path(sae_folder) / "sae_weights.safetensors"))
+    out = release_dir / sae_id
+    out.mkdir(parents=True, exist_ok=True)
+    cfg["dtype"] = "float32"
+    (out / "cfg.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    save_file(
+        quantise_state(state, int(cfg["d_sae"])), str(out / QUANTISED_WEIGHTS), metadata={"format": "int8-per-feature"}
+    )
+    return out
+
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +207,21 @@ class LocalReleases:
             return []
         return sorted(p.name for p in release_dir.iterdir() if (p / "cfg.json").is_file())
 
+    def shipped_dir(self, model_name: str) -> Path:
+        """``tl_query_lens/release/<release>``: the dictionaries of this release that travel with the package."""
+        return shipped_root() / self.release_name(model_name)
+
+    def shipped_ids(self, model_name: str) -> list[str]:
+        """Ids packed into the package for ``model_name`` (folders holding a ``cfg.json``)."""
+        folder = self.shipped_dir(model_name)
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if (p / "cfg.json").is_file())
+
+    def available_ids(self, model_name: str) -> list[str]:
+        """Every id that loads without a hub: shipped and cached."""
+        return sorted({*self.shipped_ids(model_name), *self.cached_ids(model_name)})
+
     def cached_models(self) -> list[str]:
         root = self.root()
         if not root.is_dir():
@@ -85,7 +241,12 @@ class LocalReleases:
         local = self.cached_path(model_name, sae_id)
         overrides = {k: v for k, v in (cfg_overrides or {}).items() if k in ("device", "dtype")}
         if (local / "cfg.json").exists() and not force_download:
+            logger.info("loading %s/%s from the user cache (%s)", self.release_name(model_name), sae_id, local)
             cfg, state = sae_lens_disk_loader(local, device=device, cfg_overrides=overrides)
+            return cfg, state, None
+        shipped = self.shipped_dir(model_name)
+        if (shipped / sae_id / "cfg.json").exists():
+            cfg, state = read_shipped(shipped, sae_id, device=device, cfg_overrides=overrides)
             return cfg, state, None
         hub_error = "no hub repo is listed for it"
         if repo_id and not repo_id.startswith("local/"):
@@ -99,11 +260,11 @@ class LocalReleases:
                 return cfg, state, None
             except (OSError, ValueError) as err:  # offline, missing repo or files
                 hub_error = f"the hub repo {repo_id!r} was not reachable or lacks it ({type(err).__name__})"
-        cached = ", ".join(self.cached_ids(model_name)) or "none yet"
-        raise FileNotFoundError(
-            f"No {self.what} {sae_id!r} for {model_name} in the user cache ({local}) and {hub_error}. Cached ids for "
-            f"release {self.release_name(model_name)!r}: {cached}. {self.verb} it with "
-            f"`{self.command(model_name, sae_id)}`."
+        available = ", ".join(self.available_ids(model_name)) or "none yet"
+        raise MissingFileError(
+            f"No {self.what} {sae_id!r} for {model_name}: not shipped with the package, not in the user cache "
+            f"({local}), and {hub_error}. Ids of release {self.release_name(model_name)!r}: {available}. "
+            f"{self.verb} it with `{self.command(model_name, sae_id)}`."
         )
 
     def register(self, extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
@@ -141,7 +302,15 @@ class ReleaseIds(Mapping[str, str]):
         self.family, self.model_name, self.shipped = family, model_name, list(shipped)
 
     def _ids(self) -> list[str]:
-        return list(dict.fromkeys([*self.shipped, *self.family.cached_ids(self.model_name)]))
+        return list(
+            dict.fromkeys(
+                [
+                    *self.shipped,
+                    *self.family.shipped_ids(self.model_name),
+                    *self.family.cached_ids(self.model_name),
+                ]
+            )
+        )
 
     def __contains__(self, sae_id: object) -> bool:
         return isinstance(sae_id, str) and bool(sae_id) and "/" not in sae_id

@@ -19,7 +19,9 @@ def add_parser(subparsers) -> None:
 
     fit = actions.add_parser("fit", help="fit a readout SAE to the model's LM head and cache it")
     add_common_args(fit, out="results/readout/fit")
-    fit.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="'paper': 32×d, k=256, 20k steps (GPU)")
+    fit.add_argument(
+        "--preset", choices=["small", "paper"], default="small", help="'paper': 32×d, k=256, 20k steps (GPU)"
+    )
     fit.add_argument("--sae-id", default=None, help="name in the release (default: the preset)")
     fit.add_argument("--width", type=int, default=None)
     fit.add_argument("--k", type=int, default=None)
@@ -35,7 +37,7 @@ def add_parser(subparsers) -> None:
     dec = actions.add_parser("decompose", help="decompose one score of one prompt into readout features")
     add_common_args(dec, out="results/readout/decompose")
     dec.add_argument("prompt", help="text; the state is read at --position")
-    dec.add_argument("--sae-id", default="cpu")
+    dec.add_argument("--sae-id", default="small")
     dec.add_argument("--sae-path", default=None, help="a saved readout SAE folder instead of the release")
     dec.add_argument("--hook", default=None, help="residual hook (default: the last block's hook_resid_post)")
     dec.add_argument("--position", type=int, default=-1)
@@ -49,7 +51,7 @@ def add_parser(subparsers) -> None:
 
     ev = actions.add_parser("eval", help="diagnostics and row-geometry baselines on held-out states")
     add_common_args(ev, out="results/readout/eval")
-    ev.add_argument("--sae-id", default="cpu")
+    ev.add_argument("--sae-id", default="small")
     ev.add_argument("--sae-path", default=None)
     ev.add_argument("--n-seqs", type=int, default=32)
     ev.add_argument("--seq-len", type=int, default=17)
@@ -110,7 +112,7 @@ def run_fit(args: argparse.Namespace) -> int:
         tracker.log_scalars("final", fit.final)
         if fit.history:
             tracker.log_table("train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
-    target = Path(args.save) if args.save else cached_sae_path(args.model, args.sae_id or args.preset)
+    target = Path(args.save) if args.save else cached_sae_path(args.model, fit.cache_id(args.sae_id or args.preset))
     fit.sae.save_model(target)
     print(f"Readout SAE saved to {target} ({fit.seconds:.0f} s): " + json.dumps(fit.final))
     return 0

@@ -207,14 +207,16 @@ def check_device(device: str | None) -> None:
 def check_readout_available(model: str, sae_id: str) -> None:
     """A readout SAE id that ``SAE.from_pretrained`` can serve from the user cache (fitted locally)."""
     from tl_query_lens.dictionaries.saved import check_sae_folder
-    from tl_query_lens.readout.registry import cached_ids, cached_sae_path, fit_command
+    from tl_query_lens.readout.registry import READOUT_RELEASES, cached_sae_path, fit_command
 
     folder = cached_sae_path(model, sae_id)
     if folder.is_dir():
         check_sae_folder(folder)
         return
-    cached = cached_ids(model)
-    preset = sae_id if sae_id in ("cpu", "paper") else "cpu"
+    if sae_id in READOUT_RELEASES.shipped_ids(model):
+        return
+    cached = READOUT_RELEASES.available_ids(model)
+    preset = sae_id if sae_id in ("small", "paper") else "small"
     raise InputError(
         f"No readout SAE {sae_id!r} for {model} is cached (cached: {cached or 'none'}); fit it with "
         f"`{fit_command(model, sae_id, preset)}`, or pass --sae-id one of those or --sae-path <folder>."

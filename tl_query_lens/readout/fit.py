@@ -31,7 +31,7 @@ from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
-Preset = Literal["cpu", "paper"]
+Preset = Literal["small", "paper", "cpu"]
 
 
 @dataclass
@@ -101,16 +101,16 @@ class ReadoutFitConfig:
             raise ValueError("lr and clip must be positive; weight_decay, lambda_prism and code_l2 non-negative.")
 
     @classmethod
-    def preset(cls, name: Preset = "cpu", **overrides) -> ReadoutFitConfig:
-        """``"cpu"``: sized for a 2-core CPU on a 49k-vocabulary, d=576 model; ``"paper"``: 32×d, k=256, 20k steps,
-        4096 rows per step (a GPU job)."""
-        if name == "cpu":
+    def preset(cls, name: Preset = "small", **overrides) -> ReadoutFitConfig:
+        """``"small"``: sized for a 2-core CPU on a 49k-vocabulary, d=576 model (the shipped release's ``small``);
+        ``"paper"``: 32×d, k=256, 20k steps, 4096 rows per step (a GPU job). ``"cpu"`` is the old name of ``"small"``."""
+        if name in ("small", "cpu"):
             return cls(**overrides)
         if name == "paper":
             return cls(
                 **{"width_mult": 32, "k": 256, "steps": 20_000, "batch_rows": 4096, "batch_pairs": 1024, **overrides}
             )
-        raise ValueError(f"Unknown preset {name!r}; choose 'cpu' or 'paper'.")
+        raise ValueError(f"Unknown preset {name!r}; choose 'small' or 'paper'.")
 
 
 @dataclass
@@ -122,6 +122,16 @@ class ReadoutFit(SavableResult):
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
     final: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the fit ran all ``config.steps`` (``max_seconds`` can stop it early)."""
+        return int(self.final.get("steps", self.config.steps)) >= self.config.steps
+
+    def cache_id(self, base: str) -> str:
+        """The id to cache this fit under: ``base`` when complete, else ``<base>-capped-s<steps done>``, so a fit
+        stopped early never takes the full preset's id."""
+        return base if self.complete else f"{base}-capped-s{int(self.final['steps'])}"
 
 
 def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> None:

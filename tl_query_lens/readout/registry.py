@@ -4,7 +4,8 @@ The releases listed in ``releases.json`` (shipped with the package), and every m
 cache, are registered on import as a :class:`tl_query_lens.releases.LocalReleases` family with the loader
 ``"tlql_readout"``: it reads a dictionary fitted locally into ``cache_dir()/readout``, else tries the release's hub
 repo (when one is listed and reachable), else raises an error that lists the cached ids and says how to fit the
-missing one. Ids are read from the cache at each lookup, so every cached fit — ``cpu``, ``quick``
+missing one. The package ships ``small`` (the default preset's fit) for the embedded model. Ids are read from the
+cache at each lookup, so every cached fit — ``small``, ``quick``
 (``tlql demo --quick``), ``paper``, or any ``--sae-id`` given to ``tlql readout fit`` — is reachable, also when it was
 fitted after this process registered the releases.
 """
@@ -30,7 +31,7 @@ def shipped_releases() -> dict[str, dict[str, Any]]:
 
 
 def fit_command(model_name: str, sae_id: str, preset: str | None = None) -> str:
-    preset = preset or (sae_id if sae_id in ("cpu", "paper") else "cpu")
+    preset = preset or (sae_id if sae_id in ("small", "paper") else "small")
     return f"tlql readout fit --model {model_name} --preset {preset} --sae-id {sae_id}"
 
 

@@ -1,0 +1,178 @@
+"""Pack trained dictionaries into the package's release and measure that the packed ones match their sources.
+
+``pack_release`` writes each dictionary of a cached release (the suite's SAEs / transcoders, a readout SAE) into
+``tl_query_lens/release/<release>/<sae_id>`` with int8 per-feature weights (:func:`tl_query_lens.releases.quantise_state`)
+and a sha256 manifest. ``release_fidelity`` loads both versions and compares them on the same evaluation tokens:
+CE recovered of each (through :func:`tl_query_lens.saes.report.suite_quality`) and how often the packed dictionary
+keeps the same active features.
+
+Run as ``python -m tl_query_lens.saes.release --model smollm2-135m`` after ``tlql saes train`` and ``tlql readout fit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from sae_lens import SAE
+
+from tl_query_lens.releases import LocalReleases, read_shipped, shipped_root, write_manifest, write_shipped
+from tl_query_lens.results import SavableResult
+from tl_query_lens.saes.report import suite_quality
+
+MAX_RELEASE_BYTES = 50_000_000
+MAX_FILE_BYTES = 25_000_000
+
+
+def pack_release(family: LocalReleases, model_name: str, sae_ids: list[str], *, source: dict[str, Any]) -> Path:
+    """Pack ``sae_ids`` of ``family``'s cached release for ``model_name`` into the package; returns the folder.
+
+    Partial dictionaries (ids ending in ``.partial``) are refused. The folder is rebuilt from scratch (staging
+    folder, then one rename) and its manifest records every file's sha256 plus ``source`` (what was packed).
+    """
+    partial = [sid for sid in sae_ids if sid.endswith(".partial")]
+    if partial:
+        raise ValueError(f"Refusing to ship unfinished dictionaries {partial}; finish their training first.")
+    target = family.shipped_dir(model_name)
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    for sid in sae_ids:
+        write_shipped(family.cached_path(model_name, sid), staging, sid)
+    write_manifest(staging, {"release": family.release_name(model_name), "format": "int8-per-feature", **source})
+    sizes = {p: p.stat().st_size for p in staging.rglob("*") if p.is_file()}
+    big = [f"{p.name} ({n / 1e6:.1f} MB)" for p, n in sizes.items() if n > MAX_FILE_BYTES]
+    if big:
+        raise ValueError(f"Release files over {MAX_FILE_BYTES / 1e6:.0f} MB: {big}.")
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return target
+
+
+def release_bytes() -> int:
+    """Bytes of everything under ``tl_query_lens/release``."""
+    return sum(p.stat().st_size for p in shipped_root().rglob("*") if p.is_file())
+
+
+@dataclass
+class ReleaseFidelity(SavableResult):
+    """Packed vs source dictionaries on the same tokens.
+
+    Attributes:
+        rows: one per dictionary: ``ce_recovered`` of the source and the packed one and their difference,
+            ``support_identical`` (share of tokens whose whole set of active features is the same),
+            ``support_overlap`` (mean |S ∩ S'| / max(|S|, |S'|)), ``max_rel_weight_error`` (largest relative
+            Frobenius error of a weight matrix), and the packed file size.
+        n_tokens: evaluation tokens (per dictionary).
+    """
+
+    rows: list[dict[str, Any]]
+    n_tokens: int
+    seconds: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def support_agreement(a: SAE, b: SAE, x: torch.Tensor) -> tuple[float, float]:
+    """(share of rows with identical active sets, mean |S ∩ S'| / max(|S|, |S'|)) of ``a`` and ``b`` on ``x``."""
+    sa, sb = a.encode(x) != 0, b.encode(x) != 0
+    sa, sb = sa.reshape(-1, sa.shape[-1]), sb.reshape(-1, sb.shape[-1])
+    identical = (sa == sb).all(-1).float().mean().item()
+    inter = (sa & sb).sum(-1).float()
+    denom = torch.maximum(sa.sum(-1), sb.sum(-1)).clamp_min(1).float()
+    return identical, (inter / denom).mean().item()
+
+
+def release_fidelity(
+    model, sources: dict[str, SAE], packed: dict[str, SAE], tokens: torch.Tensor, *, exclude_first_positions: int = 1
+) -> ReleaseFidelity:
+    """Compare each packed dictionary with its source on ``tokens`` (evaluation split)."""
+    start = time.perf_counter()
+    q_src = suite_quality(model, sources, tokens, exclude_first_positions=exclude_first_positions)
+    q_pack = suite_quality(model, packed, tokens, exclude_first_positions=exclude_first_positions)
+    hooks = sorted({sae.cfg.metadata.hook_name for sae in sources.values()})
+    _, cache = model.run_with_cache(tokens, names_filter=hooks)
+    rows = []
+    for sid, src in sources.items():
+        x = cache[src.cfg.metadata.hook_name][:, exclude_first_positions:]
+        identical, overlap = support_agreement(src, packed[sid], x)
+        rel = max(
+            ((getattr(packed[sid], n) - getattr(src, n)).norm() / getattr(src, n).norm()).item()
+            for n in ("W_enc", "W_dec")
+        )
+        a, b = q_src.row(sid), q_pack.row(sid)
+        rows.append(
+            {
+                "sae_id": sid,
+                "ce_recovered_source": a["ce_recovered"],
+                "ce_recovered_packed": b["ce_recovered"],
+                "ce_recovered_diff": b["ce_recovered"] - a["ce_recovered"],
+                "explained_variance_source": a["explained_variance"],
+                "explained_variance_packed": b["explained_variance"],
+                "support_identical": identical,
+                "support_overlap": overlap,
+                "max_rel_weight_error": rel,
+            }
+        )
+    return ReleaseFidelity(rows=rows, n_tokens=q_src.n_tokens, seconds=time.perf_counter() - start)
+
+
+def _load_packed(family: LocalReleases, model_name: str, sid: str) -> SAE:
+    cfg, state = read_shipped(family.shipped_dir(model_name), sid)
+    from sae_lens.loading.pretrained_sae_loaders import handle_config_defaulting
+    from sae_lens.registry import get_sae_class
+
+    cfg = handle_config_defaulting(cfg)
+    cls, cfg_cls = get_sae_class(cfg["architecture"])
+    sae = cls(cfg_cls.from_dict(cfg))
+    sae.load_state_dict(state)
+    return sae
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.readout.registry import READOUT_RELEASES
+    from tl_query_lens.saes.registry import SAES_RELEASES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--readout-ids", default="small", help="comma-separated readout ids to ship")
+    parser.add_argument("--n-seqs", type=int, default=32, help="evaluation windows for the fidelity check")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--out", default="docs/saes/release_fidelity", help="where the fidelity result is saved")
+    args = parser.parse_args(argv)
+
+    suite_ids = [sid for sid in SAES_RELEASES.cached_ids(args.model) if not sid.endswith(".partial")]
+    suite_json = SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model) / "suite.json"
+    suite = json.loads(suite_json.read_text(encoding="utf-8"))
+    if suite.get("status") != "complete":
+        raise SystemExit(f"{suite_json} says the suite is {suite.get('status')!r}: finish `tlql saes train` first.")
+    keep = {k: suite[k] for k in ("training_tokens_seen", "epochs", "n_cached_tokens", "config")}
+    pack_release(SAES_RELEASES, args.model, suite_ids, source={"suite": keep})
+    readout_ids = [r for r in args.readout_ids.split(",") if r]
+    if readout_ids:
+        pack_release(READOUT_RELEASES, args.model, readout_ids, source={})
+    print(f"release: {release_bytes() / 1e6:.1f} MB under {shipped_root()}")
+    if release_bytes() > MAX_RELEASE_BYTES:
+        raise SystemExit(f"The release exceeds {MAX_RELEASE_BYTES / 1e6:.0f} MB.")
+
+    model = load_model(args.model)
+    tokens = load_corpus("stdlib", model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation")
+    sources = {sid: SAE.load_from_disk(str(SAES_RELEASES.cached_path(args.model, sid))) for sid in suite_ids}
+    packed = {sid: _load_packed(SAES_RELEASES, args.model, sid) for sid in suite_ids}
+    result = release_fidelity(model, sources, packed, tokens)
+    result.config = {"n_seqs": args.n_seqs, "seq_len": args.seq_len, "corpus": "stdlib", "split": "evaluation"}
+    result.save(args.out)
+    for row in result.rows:
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
