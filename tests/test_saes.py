@@ -209,7 +209,7 @@ def test_killed_run_resumes_to_the_same_weights_and_a_corrupt_checkpoint_is_name
     with pytest.raises(RuntimeError, match="Move that folder away") as err:
         train_saes(model, cfg, tokens=tokens, folder=folder)
     assert str(newest) in str(err.value)
-    assert newest.exists() and (folder / "blocks.1.hook_resid_post" / "cfg.json").exists()  # nothing deleted
+    assert newest.exists() and (folder / "blocks.1.hook_resid_post.partial" / "cfg.json").exists()  # nothing deleted
     weights.write_bytes(good)
     resumed = train_saes(model, cfg, tokens=tokens, folder=folder)
     assert resumed.resumed_from == str(newest) and resumed.complete

@@ -260,11 +260,12 @@ class LocalReleases:
                 return cfg, state, None
             except (OSError, ValueError) as err:  # offline, missing repo or files
                 hub_error = f"the hub repo {repo_id!r} was not reachable or lacks it ({type(err).__name__})"
-        available = ", ".join(self.available_ids(model_name)) or "none yet"
+        cached = ", ".join(self.cached_ids(model_name)) or "none yet"
+        shipped = ", ".join(self.shipped_ids(model_name)) or "none"
         raise MissingFileError(
             f"No {self.what} {sae_id!r} for {model_name}: not shipped with the package, not in the user cache "
-            f"({local}), and {hub_error}. Ids of release {self.release_name(model_name)!r}: {available}. "
-            f"{self.verb} it with `{self.command(model_name, sae_id)}`."
+            f"({local}), and {hub_error}. Cached ids for release {self.release_name(model_name)!r}: {cached}; "
+            f"shipped ids: {shipped}. {self.verb} it with `{self.command(model_name, sae_id)}`."
         )
 
     def register(self, extra: dict[str, dict[str, Any]] | None = None) -> list[str]:

@@ -1,0 +1,143 @@
+"""The release that travels with the package: int8 packing, checksums, SAELens' registry, ids of unfinished fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from sae_lens import SAE, HookedSAETransformer
+from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+import tl_query_lens.releases as releases
+import tl_query_lens.saes  # noqa: F401  (registers the suite releases and the transcoder class)
+from tests.helpers import tiny_model, tiny_tokens
+from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.readout.registry import READOUT_RELEASES
+from tl_query_lens.saes.registry import SAES_RELEASES
+from tl_query_lens.saes.release import pack_release
+
+SID = "blocks.1.hook_resid_post"
+
+
+@pytest.fixture()
+def shipped(tmp_path, monkeypatch):
+    """A private user cache and a private package release folder."""
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "package_release"
+    monkeypatch.setattr(releases, "shipped_root", lambda: root)
+    return root
+
+
+def _topk_sae(model, seed: int = 0) -> TopKSAE:
+    d = model.cfg.d_model
+    sae = TopKSAE(TopKSAEConfig(d_in=d, d_sae=64, k=6, dtype="float32", device="cpu"))
+    sae.cfg.metadata.hook_name = SID
+    sae.cfg.metadata.model_name = "tiny"
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.ndim == 2 else 0.05))
+    return sae
+
+
+def _pack_one(model, shipped) -> TopKSAE:
+    sae = _topk_sae(model)
+    sae.save_model(SAES_RELEASES.cached_path("tiny-test", SID))
+    pack_release(SAES_RELEASES, "tiny-test", [SID], source={"test": True})
+    # The cache copy goes: what loads now is the packed one.
+    import shutil
+
+    shutil.rmtree(SAES_RELEASES.cached_path("tiny-test", SID))
+    SAES_RELEASES.register({"tiny-test": {"model": "tiny", "repo_id": None, "sae_ids": []}})
+    return sae
+
+
+def test_packed_dictionary_loads_through_saelens_within_the_int8_bound(shipped):
+    model = tiny_model("gelu_ln")
+    source = _pack_one(model, shipped)
+    loaded = SAE.from_pretrained("tlql-saes-tiny-test", SID)
+    assert isinstance(loaded, TopKSAE) and loaded.W_enc.dtype == torch.float32
+    for name in ("W_enc", "W_dec"):
+        w, got = getattr(source, name).detach(), getattr(loaded, name).detach()
+        axis = 0 if w.shape[0] == 64 else 1  # the feature axis
+        step = w.abs().amax(dim=1 - axis, keepdim=True) / 127  # one quantisation step per feature
+        assert torch.all((got - w).abs() <= step / 2 + 1e-7), name
+        assert not torch.equal(got, w)  # it really went through int8
+    for name in ("b_enc", "b_dec"):
+        assert torch.equal(getattr(loaded, name), getattr(source, name).detach())
+    files = sorted(p.name for p in (shipped / "tlql-saes-tiny-test" / SID).iterdir())
+    assert files == ["cfg.json", "sae_weights.int8.safetensors"]
+
+    bf16 = SAE.from_pretrained("tlql-saes-tiny-test", SID, dtype="bfloat16")
+    assert bf16.W_dec.dtype == torch.bfloat16
+    assert torch.allclose(bf16.W_dec.float(), loaded.W_dec, rtol=1e-2, atol=1e-3)
+
+    # Spliced into the model like any SAELens SAE: same logits as splicing the dequantised weights by hand.
+    hooked = HookedSAETransformer(model.cfg)
+    hooked.load_state_dict(model.state_dict(), strict=False)
+    tokens = tiny_tokens(model, n_seqs=2, seq_len=8)
+    by_hand = TopKSAE(source.cfg)
+    by_hand.load_state_dict(loaded.state_dict())
+    assert torch.allclose(hooked.run_with_saes(tokens, saes=[loaded]), hooked.run_with_saes(tokens, saes=[by_hand]))
+
+
+def test_altered_or_missing_file_names_the_file_and_the_fix(shipped):
+    _pack_one(tiny_model("gelu_ln"), shipped)
+    weights = shipped / "tlql-saes-tiny-test" / SID / "sae_weights.int8.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-10])  # truncated
+    with pytest.raises(CorruptFileError) as err:
+        SAE.from_pretrained("tlql-saes-tiny-test", SID)
+    assert str(weights) in str(err.value) and "git checkout" in str(err.value)
+    altered = bytearray(good)
+    altered[-5] ^= 0xFF  # same size, one byte changed
+    weights.write_bytes(bytes(altered))
+    with pytest.raises(CorruptFileError, match="sha256"):
+        SAE.from_pretrained("tlql-saes-tiny-test", SID)
+    weights.unlink()
+    with pytest.raises(CorruptFileError, match="missing"):
+        SAE.from_pretrained("tlql-saes-tiny-test", SID)
+
+
+def test_unknown_id_lists_the_ids_that_exist(shipped):
+    _pack_one(tiny_model("gelu_ln"), shipped)
+    with pytest.raises(FileNotFoundError) as err:
+        SAE.from_pretrained("tlql-saes-tiny-test", "blocks.2.hook_resid_post")
+    assert f"shipped ids: {SID}" in str(err.value) and "tlql saes train" in str(err.value)
+
+
+def test_unfinished_dictionaries_are_not_packed(shipped):
+    with pytest.raises(ValueError, match="unfinished"):
+        pack_release(SAES_RELEASES, "tiny-test", [SID + ".partial"], source={})
+
+
+def test_capped_readout_fit_takes_its_own_id():
+    from tl_query_lens.readout.fit import ReadoutFit, ReadoutFitConfig
+
+    cfg = ReadoutFitConfig.preset("small")
+    capped = ReadoutFit(sae=None, config=cfg, seconds=1.0, final={"steps": 139})  # type: ignore[arg-type]
+    full = ReadoutFit(sae=None, config=cfg, seconds=1.0, final={"steps": cfg.steps})  # type: ignore[arg-type]
+    assert capped.cache_id("small") == "small-capped-s139" and not capped.complete
+    assert full.cache_id("small") == "small" and full.complete
+    assert ReadoutFitConfig.preset("cpu") == cfg  # the old preset name still works
+
+
+SHIPPED_SUITE = releases.shipped_root() / "tlql-saes-smollm2-135m"
+
+
+@pytest.mark.skipif(not SHIPPED_SUITE.is_dir(), reason="no release packed in this checkout")
+def test_the_shipped_release_loads_offline_and_verifies():
+    """All nine shipped dictionaries load through SAELens' registry, with their checksums verified."""
+    suite_ids = SAES_RELEASES.shipped_ids("smollm2-135m")
+    assert len(suite_ids) == 8 and not [s for s in suite_ids if s.endswith(".partial")]
+    for sid in suite_ids:
+        sae = SAE.from_pretrained("tlql-saes-smollm2-135m", sid)
+        assert sae.cfg.d_in == 576 and torch.isfinite(sae.W_dec).all()
+    readout = SAE.from_pretrained("tlql-readout-smollm2-135m", "small")
+    assert readout.cfg.d_in == 576
+    manifest = json.loads((SHIPPED_SUITE / "manifest.json").read_text())
+    total = sum(p.stat().st_size for p in Path(releases.shipped_root()).rglob("*") if p.is_file())  # the whole release
+    assert total <= 50_000_000 and all(e["bytes"] <= 25_000_000 for e in manifest["files"].values())
+    assert READOUT_RELEASES.shipped_ids("smollm2-135m") == ["small"]
