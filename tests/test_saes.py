@@ -375,7 +375,7 @@ def test_a_fresh_run_starts_every_dictionary_at_its_training_rows_mean(cache, mo
     monkeypatch.setattr(train_module, "init_biases_from_mean", record)
     model = tiny_model("gelu_ln")
     tokens = tiny_tokens(model, n_seqs=32, seq_len=16)
-    train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)
+    train_saes(model, SAESuiteConfig(**TINY, autocast_lm=False), tokens=tokens)
     _, clean = model.run_with_cache(tokens)
     x = clean["blocks.1.ln2.hook_normalized"][:, 1:].reshape(-1, 32)  # position 0 is not a training row
     y = clean["blocks.1.hook_mlp_out"][:, 1:].reshape(-1, 32)
