@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sae_lens import SAE
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from typing_extensions import Self
 
@@ -73,8 +75,6 @@ def read_tensors(path: str | Path, *, fix: str = RERUN_FIX) -> tuple[dict[str, t
     Raises:
         CorruptFileError: the file is missing, truncated or not safetensors (the message names it and ``fix``).
     """
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     if not path.is_file():
         raise CorruptFileError(path, "is missing", fix)
@@ -112,8 +112,6 @@ def _is_result_type(hint: Any) -> bool:
 
 
 def _is_sae_type(hint: Any) -> bool:
-    from sae_lens import SAE
-
     return isinstance(hint, type) and issubclass(hint, SAE)
 
 
@@ -220,7 +218,5 @@ def _load_part(hint: Any, folder: Path) -> Any:
     if _is_result_type(hint):
         return hint.load(folder)
     if _is_sae_type(hint):
-        from sae_lens import SAE
-
         return SAE.load_from_disk(folder)
     raise TypeError(f"Cannot load a field of type {hint!r} from {folder}.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -286,8 +287,6 @@ def certify_many(
     times: PassTimes | None = None,
 ) -> dict[Hashable, Certificate]:
     """Certificates of several proxies sharing one calibration pass and one clean evaluation pass."""
-    import time
-
     check_inputs(model, [s.sae for s in splices.values()], calibration_tokens, evaluation_tokens, cfg)
     times = times if times is not None else PassTimes()
     t0 = time.perf_counter()

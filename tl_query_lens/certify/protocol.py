@@ -27,7 +27,10 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.losses import Rule
+from tl_query_lens.certify.sweep import certify_layers
 from tl_query_lens.config import resolve_config
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.documents import one_window_per_document
 from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
 
@@ -232,9 +235,6 @@ def certify_protocol(
         ValueError: ``n_eval`` larger than the documents the paper protocol can draw from (the message gives the
             count), or any error of :func:`~tl_query_lens.certify.certify.certify`.
     """
-    from tl_query_lens.certify.sweep import certify_layers
-    from tl_query_lens.corpus import load_corpus
-    from tl_query_lens.documents import one_window_per_document
 
     cfg = resolve_config(ProtocolCertifyConfig, cfg, overrides)
     cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)

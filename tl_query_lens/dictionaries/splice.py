@@ -14,6 +14,7 @@ from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
@@ -215,8 +216,6 @@ def ffkv_summary(
     **overrides: Any,
 ) -> FFKVSummary:
     """Splice the TopK-k (and the vanilla) FF-KV dictionary of each layer and measure it on ``tokens``."""
-    from tl_query_lens.dictionaries.ffkv import FFKV
-
     cfg = resolve_config(FFKVSummaryConfig, cfg, overrides)
     sparse, dense = {}, {}
     for layer in tqdm(list(layers), desc="FF-KV layers", leave=False):

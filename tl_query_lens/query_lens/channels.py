@@ -25,8 +25,10 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
+from tl_query_lens.operators import module_operators
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -365,8 +367,6 @@ def subspace_channels(
         tokens: corpus of the module operators (train split).
         cfg / overrides: :class:`SubspaceChannelsConfig` (keyword overrides replace single fields).
     """
-    from tl_query_lens.dictionaries.key_value import as_key_value
-    from tl_query_lens.operators import module_operators
 
     cfg = resolve_config(SubspaceChannelsConfig, cfg, overrides)
     if not dictionaries:

@@ -21,6 +21,7 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import (
     MaxActivations,
@@ -170,8 +171,6 @@ class SignatureEvaluation(SavableResult):
         Raises:
             UnknownNameError: a label that no feature carries (the message lists the labels present).
         """
-        from tl_query_lens.errors import UnknownNameError
-
         wanted = set(dictionaries)
         if not wanted or wanted - set(self.dictionaries):
             raise UnknownNameError(

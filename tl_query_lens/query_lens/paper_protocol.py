@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import KeyValueView
+from tl_query_lens.hooks import hook_layer
 from tl_query_lens.query_lens.max_activating import view_start_layer
 from tl_query_lens.query_lens.steering import (
     TeacherForced,
@@ -158,8 +159,6 @@ def steering_rise(
 def up_projection_key_view(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
     """The authors' SwiGLU neuron key: column f of the up projection ``W_in`` read at ``blocks.l.hook_resid_mid``
     (no ln2 Jacobian; TransformerLens folds the ln2 weight into ``W_in``). Only for FF-KV views of gated MLPs."""
-    from tl_query_lens.hooks import hook_layer
-
     layer = hook_layer(view.read_hook)
     if layer is None or not view.activation.startswith("ffkv") or not model.cfg.gated_mlp:
         raise ValueError(

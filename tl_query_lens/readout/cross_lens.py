@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tl_query_lens.primitives import cluster_bootstrap
 from tl_query_lens.readout.decompose import decompose_rows, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
@@ -85,8 +86,6 @@ def cross_lens_check(
         operator_a, operator_b: value operators M_l fitted on two corpora.
         sequence: source sequence of each state (bootstrap clusters; default one cluster per state).
     """
-    from tl_query_lens.primitives import cluster_bootstrap
-
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()

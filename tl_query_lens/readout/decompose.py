@@ -22,7 +22,7 @@ from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.errors import InputTypeError, check_dictionary_finite, check_finite, check_outputs
-from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
+from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, register_operation, unembedding_rows
 from tl_query_lens.readout.states import check_state
 from tl_query_lens.results import SavableResult
 
@@ -289,3 +289,6 @@ def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) ->
     if competitor == top1:
         raise ValueError(f"The competitor {competitor} is the top-1 token itself; choose another token.")
     return Contrast(margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor))
+
+
+register_operation("decompose", decompose)  # ReadoutSAE.decompose

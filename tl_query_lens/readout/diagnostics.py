@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float
 
 from tl_query_lens.primitives import LOG2, cluster_bootstrap, kl_divergence
+from tl_query_lens.readout.decompose import decompose_rows
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult
 
@@ -199,8 +200,6 @@ def ablation_regression(
     sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512, seed: int = 0
 ) -> AblationRegression:
     """Ablate each of the top-``n_features`` |c_i| of the top-1-vs-competitor score of held-out states."""
-    from tl_query_lens.readout.decompose import decompose_rows
-
     gen = torch.Generator().manual_seed(seed)
     rows = rows.float()
     b_U = torch.zeros(rows.shape[0])

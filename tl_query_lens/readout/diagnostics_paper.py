@@ -32,8 +32,9 @@ import torch
 from tl_query_lens.config import resolve_config
 from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout import baselines as bl
+from tl_query_lens.readout.decompose import decompose_rows
 from tl_query_lens.readout.diagnostics import cluster_bootstrap, covered
-from tl_query_lens.readout.sae import ReadoutSAE, decode_sparse
+from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, decode_sparse, unembedding_rows
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult
 
@@ -253,8 +254,6 @@ def readout_diagnostics_paper(
 ) -> PaperReadoutDiagnostics:
     """The authors' diagnostics on decoded final-layer states ``bank`` (collect them with
     ``collect_states(model, tokens, [f"blocks.{L-1}.hook_resid_post"])``)."""
-    from tl_query_lens.readout.decompose import decompose_rows
-    from tl_query_lens.readout.sae import check_compatible, unembedding_rows
 
     cfg = resolve_config(PaperReadoutConfig, cfg, overrides)
     check_compatible(sae, model)

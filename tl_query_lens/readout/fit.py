@@ -24,8 +24,15 @@ from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.corpus import load_corpus
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
-from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, decode_sparse, unembedding_rows
+from tl_query_lens.readout.sae import (
+    ReadoutSAE,
+    ReadoutSAEConfig,
+    decode_sparse,
+    register_operation,
+    unembedding_rows,
+)
 from tl_query_lens.readout.states import StateBank, collect_states
 from tl_query_lens.results import SavableResult
 
@@ -199,8 +206,6 @@ def fit_readout(
 
     if states is None:
         if tokens is None:
-            from tl_query_lens.corpus import load_corpus
-
             if getattr(model, "tokenizer", None) is None:
                 raise ValueError(
                     "The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...)."
@@ -335,3 +340,6 @@ def row_explained_variance(sae: ReadoutSAE, rows: torch.Tensor) -> float:
 
 def _chunks(n: int, size: int):
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+register_operation("fit", fit_readout)  # ReadoutSAE.fit
