@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from typing_extensions import Self
 
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.presentation import Presents
 
 
 def _jsonable(value: Any) -> Any:
@@ -127,13 +128,15 @@ def _optional(hint: Any) -> Any:
     return hint
 
 
-class SavableResult:
+class SavableResult(Presents):
     """Mixin for result dataclasses: one folder per result, written before anything is logged.
 
     Tensor fields go to ``tensors.safetensors``, plain fields to ``result.json``; fields that are themselves results
     (or dicts of results) go to sub-folders, SAELens SAEs to an SAELens folder, plain dataclasses (configs) to JSON
     and back through their type. NaN and ±inf round-trip as floats. Loading reads the field types from the class's
     annotations, so a subclass needs nothing but its fields (override :meth:`_subfolder` to choose folder names).
+    It presents itself through :class:`~tl_query_lens.presentation.Presents` (scalars, tables, figures, a report
+    section), whose defaults a subclass overrides where it has tables or figures.
     """
 
     def _subfolder(self, name: str, key: Any = None) -> str:

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -29,11 +29,13 @@ from tl_query_lens.certify.bound import (
     min_sequences,
 )
 from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
+from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
 
@@ -132,6 +134,22 @@ class Certificate(SavableResult):
             "loss_proxy_mean",
         )
         return {k: getattr(self, k) for k in keys}
+
+    title: ClassVar[str] = "Certificate"
+
+    def scalars(self) -> dict[str, float]:
+        """The scalar terms of :meth:`summary`, as floats."""
+        return numeric_fields(self, self.summary())
+
+    def tables(self) -> dict[str, Table]:
+        """``curve``: the bound's terms at each scheduled N."""
+        columns = {"N": int, "bound": float, "bound_occam": float, "R_hat": float, "eps_hat": float, "eta_hat": float}
+        curve = (self.curve_N, self.curve_bound, self.curve_bound_occam, self.curve_R_hat, self.curve_eps_hat)
+        return {"curve": Table.build(columns, zip(*curve, self.curve_eta_hat))}
+
+    def figures(self) -> dict[str, Any]:
+        """``bound_vs_N``: U at each scheduled N, with log₂|V|."""
+        return {"bound_vs_N": bound_vs_n_figure({"proxy": self})}
 
 
 @dataclass

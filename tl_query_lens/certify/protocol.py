@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from sae_lens import SAE
@@ -31,6 +31,7 @@ from tl_query_lens.certify.sweep import certify_layers
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.documents import one_window_per_document
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
 
@@ -54,6 +55,18 @@ def closed_form_n_star(constant: float, coefficient: float, baseline_bits: float
 def schedule_n_star(curve_n: list[int], curve_bound: list[float], baseline_bits: float) -> int | None:
     """The first N of the evaluated schedule with a bound below log₂|V| (None when none is)."""
     return next((int(n) for n, u in zip(curve_n, curve_bound) if u < baseline_bits), None)
+
+
+# The type of each :func:`protocol_row` entry (the table's columns); every ``shuffled_*`` entry is a float.
+ROW_TYPES: dict[str, type | tuple[type, None]] = {
+    "N": int,
+    "P": int,
+    "m": int,
+    "nontrivial": bool,
+    "nontrivial_occam": bool,
+    "N_star_schedule": (int, None),
+    "N_star_schedule_occam": (int, None),
+}
 
 
 def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | bool]:
@@ -174,6 +187,23 @@ class ProtocolCertification(SavableResult):
     def headline_bounds(self) -> dict[str, float]:
         """label → the headline bound of this protocol."""
         return {label: float(row[self.headline]) for label, row in zip(self.labels, self.rows)}
+
+    title: ClassVar[str] = "Certification under a protocol"
+
+    def scalars(self) -> dict[str, float]:
+        """``{label}/{headline}`` per proxy (the bound this protocol reports), and the split's sizes."""
+        out = {f"{label}/{self.headline}": bound for label, bound in self.headline_bounds().items()}
+        return out | numeric_fields(self, ("n_documents", "n_eligible", "one_window_per_document"))
+
+    def tables(self) -> dict[str, Table]:
+        """``certificates``: one row per proxy, every entry of :func:`protocol_row` (and ``shuffled_*``)."""
+        keys = list(self.rows[0]) if self.rows else []
+        columns = {"label": str, **{k: ROW_TYPES.get(k, float) for k in keys}}
+        return {
+            "certificates": Table.build(
+                columns, ([label, *(row[k] for k in keys)] for label, row in zip(self.labels, self.rows))
+            )
+        }
 
 
 def summarise(

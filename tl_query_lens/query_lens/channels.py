@@ -18,7 +18,7 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -29,6 +29,7 @@ from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.operators import module_operators
+from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,35 @@ class ChannelAnalysis(SavableResult):
     overlaps: dict
     summary: dict
     config: dict = field(default_factory=dict)
+
+    METRICS: ClassVar[tuple[str, ...]] = ("mse", "rel_l2", "cosine", "explained_energy", "train_mse")
+    title: ClassVar[str] = "Subspace channels"
+
+    def scalars(self) -> dict[str, float]:
+        """``{fit}/{ol_same, ol_different, auc, p_value, n_same, n_different, ol_random}`` per fit."""
+        return {f"{fit}/{k}": float(v) for fit, s in self.summary.items() for k, v in s.items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``channel_metrics``: one row per (channel, fit), the held-out metrics."""
+        columns = {"channel": str, "fit": str, **dict.fromkeys(self.METRICS, float)}
+        rows = (
+            [name, fit, *(m[name][c] for c in self.METRICS)]
+            for fit, m in self.metrics.items()
+            for name in self.channels
+        )
+        return {"channel_metrics": Table.build(columns, rows)}
+
+    def figures(self) -> dict[str, Any]:
+        """``overlap_{fit}``: the channel-overlap matrix OL of each fit."""
+        import plotly.graph_objects as go
+
+        figures = {}
+        for fit, overlap in self.overlaps.items():
+            heatmap = go.Heatmap(z=overlap, x=self.channels, y=self.channels, colorscale="Viridis", zmin=0, zmax=1)
+            figure = go.Figure(heatmap)
+            figure.update_layout(title=f"Channel overlap OL ({fit}, rank {self.rank})")
+            figures[f"overlap_{fit}"] = figure
+        return figures
 
 
 def channel_analysis(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -22,6 +22,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.max_activating import (
     MaxActivations,
@@ -229,6 +230,36 @@ class SignatureEvaluation(SavableResult):
             ref = paper.get(r["method"])
             lines.append(f"| {r['method']} | " + " | ".join(cells) + f" | {f'{ref[0]} / {ref[1]}' if ref else '—'} |")
         return "\n".join(lines)
+
+    title: ClassVar[str] = "Signature evaluation (input / output scores)"
+
+    def scalars(self) -> dict[str, float]:
+        """Per method, the mean input and output scores (``{method}/input``, ``{method}/output@{target}``); per KL
+        target, the mean clamp value and achieved KL (``steering/mean_alpha@{target}``, ``…/mean_achieved_kl@…``)."""
+        out: dict[str, float] = {}
+        for m, name in enumerate(self.methods):
+            out[f"{name}/input"] = float(self.input_scores[m].double().mean())
+            for t, target in enumerate(self.kl_targets):
+                out[f"{name}/output@{target:g}"] = float(self.output_scores[m, t].double().mean())
+        for t, target in enumerate(self.kl_targets):
+            out[f"steering/mean_alpha@{target:g}"] = float(self.alphas[t].double().mean())
+            out[f"steering/mean_achieved_kl@{target:g}"] = float(self.achieved_kl[t].double().mean())
+        return out
+
+    def tables(self) -> dict[str, Table]:
+        """``summary``: :meth:`summary` (percent, bootstrap CIs), one row per method; ``per_feature``:
+        :meth:`per_feature_table`."""
+        summary = self.summary()
+        keys = list(summary[0]) if summary else ["method", "n_features"]
+        types = {"method": str, "n_features": int} | {k: float for k in keys[2:]}
+        columns, rows = self.per_feature_table()
+        feature_types = {
+            c: (str if c == "dictionary" else int if c in ("layer", "feature") else float) for c in columns
+        }
+        return {
+            "summary": Table.build(types, ([r[k] for k in keys] for r in summary)),
+            "per_feature": Table.build(feature_types, rows),
+        }
 
 
 @torch.no_grad()

@@ -63,6 +63,13 @@ class MaxActivations(SavableResult):
     def n_contexts(self) -> int:
         return int(self.seq.shape[1])
 
+    def scalars(self) -> dict[str, float]:
+        """Features, contexts per feature, and features active somewhere in the corpus (when recorded)."""
+        out = {"n_features": float(self.seq.shape[0]), "n_contexts": float(self.n_contexts)}
+        if self.n_active.numel():
+            out["n_features_active"] = float((self.n_active > 0).sum())
+        return out
+
 
 @torch.no_grad()
 def max_activating_contexts(

@@ -8,6 +8,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
 
@@ -134,6 +135,16 @@ class Signatures(SavableResult):
             return super().save(path)
         finally:
             self._model = model
+
+    def scalars(self) -> dict[str, float]:
+        """How many features, the list length k and the corpus tokens behind the operators."""
+        return {"n_features": float(len(self)), "k": float(self.k), "n_tokens": float(self.n_tokens)}
+
+    def tables(self) -> dict[str, Table]:
+        """``signatures``: one row per feature, its top / bottom tokens and scores (per-module shares when known)."""
+        columns, rows = self.to_table()
+        types: dict[str, type] = {"feature": int, **dict.fromkeys(columns[1:8], str)}
+        return {"signatures": Table.build(types | {c: float for c in columns[8:]}, rows)}
 
 
 def _numbers(values: torch.Tensor) -> str:

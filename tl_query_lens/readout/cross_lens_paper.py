@@ -21,13 +21,14 @@ import math
 import random
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Float, Int
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import check_dictionary_finite
+from tl_query_lens.presentation import Table
 from tl_query_lens.readout.cross_lens import jacobian_lens
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
@@ -160,6 +161,14 @@ class CrossLensPromptResult(SavableResult):
     dominant_b: torch.Tensor
     passes: torch.Tensor
     config: dict[str, Any] = field(default_factory=dict)
+
+    title: ClassVar[str] = "Cross-lens agreement on a prompt bank"
+
+    def tables(self) -> dict[str, Table]:
+        """``per_group``: vote passes, prompts and pass rate per concept group."""
+        columns = {"group": str, "pass": int, "n": int, "rate": float}
+        rows = ([g, int(d["pass"]), int(d["n"]), d["rate"]] for g, d in self.per_group.items())
+        return {"per_group": Table.build(columns, rows)}
 
 
 @torch.no_grad()

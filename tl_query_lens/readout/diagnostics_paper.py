@@ -25,11 +25,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout import baselines as bl
 from tl_query_lens.readout.decompose import decompose_rows
@@ -153,6 +154,17 @@ class PaperReadoutDiagnostics(SavableResult):
     rho0_median_baselines: dict[str, float] = field(default_factory=dict)
     best_baseline: str | None = None
     margin_over_best_baseline: float = float("nan")
+
+    title: ClassVar[str] = "Readout diagnostics, paper protocol"
+
+    def tables(self) -> dict[str, Table]:
+        """``baselines``: the SAE and each row-geometry baseline on the same pool."""
+        columns = {"method": str, "coverage": float, "coverage_lo": float, "coverage_hi": float, "rho0_median": float}
+        rows = [["srp", self.coverage, *self.coverage_ci, self.rho0_median]]
+        for name, coverage in self.coverage_baselines.items():
+            lo, hi = self.coverage_baselines_ci.get(name, [float("nan"), float("nan")])
+            rows.append([name, coverage, lo, hi, self.rho0_median_baselines.get(name, float("nan"))])
+        return {"baselines": Table.build(columns, rows)}
 
 
 def _pool(h: torch.Tensor, rows_hat: torch.Tensor, rows: torch.Tensor, b_U: torch.Tensor) -> dict[str, torch.Tensor]:

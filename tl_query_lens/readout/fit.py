@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
 from tl_query_lens.readout.sae import (
     ReadoutSAE,
@@ -129,6 +130,19 @@ class ReadoutFit(SavableResult):
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
     final: dict[str, float] = field(default_factory=dict)
+
+    title: ClassVar[str] = "Readout SAE fit"
+
+    def scalars(self) -> dict[str, float]:
+        """The final record's numbers and the wall time."""
+        return numeric_fields(self, ("seconds",)) | {k: float(v) for k, v in self.final.items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``history``: one row per logged step (the record's keys as float columns)."""
+        if not self.history:
+            return {}
+        keys = list(self.history[0])
+        return {"history": Table.build(dict.fromkeys(keys, float), ([r.get(k) for k in keys] for r in self.history))}
 
 
 def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> None:

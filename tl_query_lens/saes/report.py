@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Int
@@ -30,6 +30,7 @@ from tl_query_lens.dictionaries.splice import _ce_sum
 from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.hooks import check_hook, hook_layer
 from tl_query_lens.models import load_model
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
 from tl_query_lens.saes.registry import SAES_RELEASES
@@ -108,6 +109,26 @@ class SuiteQuality(SavableResult):
                 f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |"
             )
         return "\n".join(lines)
+
+    COLUMN_TYPES: ClassVar[dict[str, type]] = {
+        "sae_id": str,
+        "kind": str,
+        "layer": int,
+        "d_sae": int,
+        **dict.fromkeys(COLUMNS[4:-1], float),
+        "n_tokens": int,
+    }
+    title: ClassVar[str] = "SAE / transcoder suite quality"
+
+    def scalars(self) -> dict[str, float]:
+        """``{sae_id}/{explained_variance, ce_recovered, kl, mean_l0, alive_rate}`` per dictionary, tokens, seconds."""
+        keys = ("explained_variance", "ce_recovered", "kl", "mean_l0", "alive_rate")
+        out = {f"{r['sae_id']}/{k}": float(r[k]) for r in self.rows for k in keys}
+        return out | {"n_tokens": float(self.n_tokens), "seconds": float(self.seconds)}
+
+    def tables(self) -> dict[str, Table]:
+        """``quality``: one row per dictionary, the columns of :data:`COLUMNS`."""
+        return {"quality": Table.build(self.COLUMN_TYPES, ([r[c] for c in COLUMNS] for r in self.rows))}
 
 
 def _write_hook(sae: SAE) -> str:
