@@ -44,26 +44,27 @@ class LayerSweep(SavableResult):
     seed: int | None = None
     times: PassTimes = field(default_factory=PassTimes)
 
-    COLUMNS = (
-        "label",
-        "hook",
-        "proxy",
-        "N",
-        "P",
-        "m",
-        "R_hat",
-        "eps_hat",
-        "eta_hat",
-        "bound",
-        "bound_occam",
-        "baseline_bits",
-        "nontrivial",
-        "N_star",
-        "N_star_observed",
-        "kl_bits",
-        "top1_agreement",
-        "mean_gap_bits",
-    )
+    COLUMN_TYPES: ClassVar[dict[str, type]] = {
+        "label": str,
+        "hook": str,
+        "proxy": str,
+        "N": int,
+        "P": int,
+        "m": int,
+        "R_hat": float,
+        "eps_hat": float,
+        "eta_hat": float,
+        "bound": float,
+        "bound_occam": float,
+        "baseline_bits": float,
+        "nontrivial": bool,
+        "N_star": float,
+        "N_star_observed": bool,
+        "kl_bits": float,
+        "top1_agreement": float,
+        "mean_gap_bits": float,
+    }
+    COLUMNS = tuple(COLUMN_TYPES)
 
     def rows(self) -> list[list]:
         """One row per (layer, real|shuffled) proxy, columns :attr:`COLUMNS`."""
@@ -101,26 +102,6 @@ class LayerSweep(SavableResult):
         folder = f"layer{key}" if isinstance(key, int) else "".join(ch if ch.isalnum() else "_" for ch in str(key))
         return f"{folder}_shuffled" if name == "shuffled" else folder
 
-    COLUMN_TYPES: ClassVar[dict[str, type]] = {
-        "label": str,
-        "hook": str,
-        "proxy": str,
-        "N": int,
-        "P": int,
-        "m": int,
-        "R_hat": float,
-        "eps_hat": float,
-        "eta_hat": float,
-        "bound": float,
-        "bound_occam": float,
-        "baseline_bits": float,
-        "nontrivial": bool,
-        "N_star": float,
-        "N_star_observed": bool,
-        "kl_bits": float,
-        "top1_agreement": float,
-        "mean_gap_bits": float,
-    }
     title: ClassVar[str] = "Certificates per layer"
 
     def scalars(self) -> dict[str, float]:

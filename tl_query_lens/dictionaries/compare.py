@@ -87,20 +87,21 @@ class DictionaryComparison(SavableResult):
     config: dict
     times: dict
 
-    COLUMNS = (
-        "label",
-        "model",
-        "kind",
-        "layer",
-        "alive_rate",
-        "mean_l0",
-        "explained_variance",
-        "ce_delta",
-        "kl",
-        "absorption_fraction",
-        "full_absorption",
-        "absorption_letters",
-    )
+    COLUMN_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
+        "label": str,
+        "model": str,
+        "kind": str,
+        "layer": (int, None),
+        "alive_rate": float,
+        "mean_l0": float,
+        "explained_variance": float,
+        "ce_delta": float,
+        "kl": float,
+        "absorption_fraction": (float, None),
+        "full_absorption": (float, None),
+        "absorption_letters": (int, None),
+    }
+    COLUMNS = tuple(COLUMN_TYPES)
     FAITHFULNESS_COLUMNS = (
         "label",
         "layer",
@@ -122,20 +123,6 @@ class DictionaryComparison(SavableResult):
     def faithfulness_table(self) -> list[list]:
         return [[row.get(c) for c in self.FAITHFULNESS_COLUMNS] for row in self.faithfulness]
 
-    COLUMN_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
-        "label": str,
-        "model": str,
-        "kind": str,
-        "layer": (int, None),
-        "alive_rate": float,
-        "mean_l0": float,
-        "explained_variance": float,
-        "ce_delta": float,
-        "kl": float,
-        "absorption_fraction": (float, None),
-        "full_absorption": (float, None),
-        "absorption_letters": (int, None),
-    }
     FAITHFULNESS_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
         "label": str,
         "layer": (int, None),

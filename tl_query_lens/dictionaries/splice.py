@@ -170,17 +170,18 @@ class FFKVSummary(SavableResult):
     sparse: dict[int, SpliceMetrics]
     dense: dict[int, SpliceMetrics] = field(default_factory=dict)
 
-    COLUMNS = (
-        "layer",
-        "alive_rate_vanilla",
-        "alive_rate_topk",
-        "mean_l0_topk",
-        "ev_vanilla",
-        "ev_topk",
-        "ce_clean",
-        "ce_delta_topk",
-        "kl_topk",
-    )
+    COLUMN_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
+        "layer": int,
+        "alive_rate_vanilla": (float, None),
+        "alive_rate_topk": float,
+        "mean_l0_topk": float,
+        "ev_vanilla": (float, None),
+        "ev_topk": float,
+        "ce_clean": float,
+        "ce_delta_topk": float,
+        "kl_topk": float,
+    }
+    COLUMNS = tuple(COLUMN_TYPES)
 
     def rows(self) -> list[list]:
         """One row per layer, columns :attr:`COLUMNS` (vanilla columns None without ``dense``)."""
@@ -207,17 +208,6 @@ class FFKVSummary(SavableResult):
             return name
         return f"layer{key}" if name == "sparse" else f"layer{key}_vanilla"
 
-    COLUMN_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
-        "layer": int,
-        "alive_rate_vanilla": (float, None),
-        "alive_rate_topk": float,
-        "mean_l0_topk": float,
-        "ev_vanilla": (float, None),
-        "ev_topk": float,
-        "ce_clean": float,
-        "ce_delta_topk": float,
-        "kl_topk": float,
-    }
     title: ClassVar[str] = "FF-KV dictionaries: splice metrics per layer"
 
     def scalars(self) -> dict[str, float]:
