@@ -24,7 +24,7 @@ from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.evaluation import EvaluationConfig, SignatureEvaluation, evaluate_signatures
 from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
-from tl_query_lens.query_lens.paper_protocol import up_projection_key_view
+from tl_query_lens.query_lens.protocols.paper import up_projection_key_view
 
 logger = logging.getLogger(__name__)
 
