@@ -1,15 +1,9 @@
-"""Certification under a named protocol: the paper's (arXiv 2606.18383, authors' released code) or this project's.
+"""Certification under a named protocol (``protocol=``): the paper's (arXiv 2606.18383, the authors' released code,
+``certify/protocols/paper.py``) or this project's (``"tlql"``, formerly ``"fixed-pool"``, ``certify/protocols/tlql.py``).
 
-``"paper"`` (newcodevelop/sparse-lens-certification, checked):
-  * evaluation data = one window per document (i.i.d. draws, as Hoeffding needs; the paper: one 32-token window per
-    C4 document), so N is at most the number of documents in the evaluation split;
-  * the headline total bound is the Occam variant (ln C(m, P) in the first Hoeffding term — the paper's Llama
-    layer-30 ≈ 13.7 bits at N = 10k is this one);
-  * beside it the direct bound on the clean model, R̂(M) + Δ√(ln(1/δ)/2N), which shows what the proxy costs;
-  * the shuffle ablation's gap is |ℓ(S∘M) − ℓ(M)| (densities), not the signed gap.
-``"fixed-pool"`` (this project's default for ``tlql certify``): windows cut from the split's concatenated token
-  stream (several per document), headline = the fixed-pool bound U, signed gaps.
-Both report N* twice: the closed form (A/(log₂|V| − C))² and the first point of the N schedule below log₂|V|.
+The protocol files hold what differs (how the evaluation windows are drawn, which bound is the headline); both report
+every bound variant, the direct bound on the clean model and N* twice: the closed form (A/(log₂|V| − C))² and the first
+point of the N schedule below log₂|V|.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from sae_lens import SAE
@@ -27,18 +21,19 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.losses import Rule
+from tl_query_lens.certify.protocols import PROTOCOLS
 from tl_query_lens.certify.sweep import certify_layers
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
-from tl_query_lens.documents import one_window_per_document
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
+from tl_query_lens.protocols import ProtocolName, resolve_protocol
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
-CertifyProtocol = Literal["paper", "fixed-pool"]
-HEADLINE: dict[str, str] = {"paper": "bound_occam", "fixed-pool": "bound"}
+CertifyProtocol = ProtocolName
+HEADLINE: dict[str, str] = {name: module.HEADLINE for name, module in PROTOCOLS.items()}
 
 
 def direct_bound(loss_clean: torch.Tensor, *, delta_bits: float, delta: float) -> float:
@@ -120,9 +115,9 @@ class ProtocolCertifyConfig:
     """Options of :func:`certify_protocol`.
 
     Attributes:
-        protocol: ``"paper"`` or ``"fixed-pool"`` (module docstring).
+        protocol: ``"paper"`` or ``"tlql"`` (formerly ``"fixed-pool"``; module docstring).
         n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream).
-        n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (fixed-pool).
+        n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (tlql).
         seq_len: tokens per window. k / delta / alpha / rule / batch_size: as in :func:`certify`.
         shuffle: add the feature-shuffle ablation for every proxy. seed: corpus draws and the shuffle permutation.
         bins: bins of the |gap| densities.
@@ -145,8 +140,7 @@ class ProtocolCertifyConfig:
     exclude_first_positions: int = 0
 
     def __post_init__(self) -> None:
-        if self.protocol not in HEADLINE:
-            raise ValueError(f"protocol must be one of {sorted(HEADLINE)}, got {self.protocol!r}.")
+        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
         check_first_positions(self.exclude_first_positions, self.seq_len)
         if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
             raise ValueError("bins, n_cal and n_eval must be positive.")
@@ -158,7 +152,7 @@ class ProtocolCertification(SavableResult):
 
     Attributes:
         protocol: which protocol. headline: the row key of the bound this protocol reports (``bound_occam`` for the
-            paper, ``bound`` for fixed-pool).
+            paper, ``bound`` for tlql).
         labels: proxy labels, in row order.
         rows: per proxy, :func:`protocol_row` of the real proxy (+ ``shuffled_*`` keys with the ablation).
         n_documents: documents in the evaluation split. n_eligible: those long enough for one window (paper).
@@ -268,24 +262,8 @@ def certify_protocol(
 
     cfg = resolve_config(ProtocolCertifyConfig, cfg, overrides)
     cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
-    n_documents = n_eligible = None
-    if cfg.protocol == "paper":
-        windows = one_window_per_document(
-            corpus, model, n_seqs=cfg.n_eval, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
-        )
-        ev, n_documents, n_eligible = windows.tokens, windows.n_documents, windows.n_eligible
-        logger.info(
-            "paper protocol: %d evaluation windows, one from each of %d distinct documents (the split holds "
-            "%d documents, %d long enough)",
-            ev.shape[0],
-            ev.shape[0],
-            n_documents,
-            n_eligible,
-        )
-    else:
-        ev = load_corpus(
-            corpus, model, n_seqs=cfg.n_eval or 1000, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
-        )
+    protocol = PROTOCOLS[cfg.protocol]
+    ev, n_documents, n_eligible = protocol.evaluation_windows(model, corpus, cfg)
     sweep = certify_layers(
         model,
         dict(saes_by_label),
@@ -306,5 +284,5 @@ def certify_protocol(
         cfg=cfg,
         n_documents=n_documents,
         n_eligible=n_eligible,
-        one_window_per_document=cfg.protocol == "paper",
+        one_window_per_document=protocol.ONE_WINDOW_PER_DOCUMENT,
     )
