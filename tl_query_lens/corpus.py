@@ -1,4 +1,4 @@
-"""Token corpora with disjoint, deterministic splits (DESIGN §2).
+"""Token corpora with disjoint, deterministic splits (docs/design.md §2).
 
 The embedded source is English prose every machine has: the docstrings of Python's standard library, read from
 source with ``ast`` (nothing is imported), doctest lines dropped, deduplicated, in a fixed order. ``"embedded"`` keeps

@@ -1,4 +1,4 @@
-"""Model loading: the embedded SmolLM2-135M-Instruct (no hub needed) or any TransformerLens model name (DESIGN §1)."""
+"""Model loading: the embedded SmolLM2-135M-Instruct (no hub needed) or any TransformerLens model name (docs/design.md §1)."""
 
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def cluster_bootstrap(
 def normalise_rows(
     rows: Float[torch.Tensor, "d_vocab d_model"], mu: Float[torch.Tensor, " d_model"] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(μ, a, x)``: μ the mean row (or the given one), a_t = ‖w_t − μ‖, x_t = (w_t − μ)/a_t (DESIGN §6)."""
+    """``(μ, a, x)``: μ the mean row (or the given one), a_t = ‖w_t − μ‖, x_t = (w_t − μ)/a_t (docs/design.md §6)."""
     mu = rows.mean(0) if mu is None else mu
     centred = rows - mu
     a = centred.norm(dim=-1)

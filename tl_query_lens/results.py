@@ -1,4 +1,4 @@
-"""Results on disk: JSON + safetensors, written atomically, before anything is logged (DESIGN §8)."""
+"""Results on disk: JSON + safetensors, written atomically, before anything is logged (docs/design.md §8)."""
 
 from __future__ import annotations
 

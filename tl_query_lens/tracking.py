@@ -1,4 +1,4 @@
-"""W&B logging shared by every analysis: offline by default, and only of what is already on disk (DESIGN §8)."""
+"""W&B logging shared by every analysis: offline by default, and only of what is already on disk (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``certify``: a risk certificate for a frozen model through an SAE-induced sparse proxy (DESIGN §7, arXiv 2606.18383).
+"""``certify``: a risk certificate for a frozen model through an SAE-induced sparse proxy (docs/design.md §7, arXiv 2606.18383).
 
 Protocol: G* = union of TopK supports over a calibration split; on a disjoint evaluation split of N sequences the
 restricted proxy's risk, the reconstruction gap and the pool mismatch, plus three Hoeffding terms, bound the frozen
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Certificate(SavableResult):
-    """A certificate of DESIGN §7 at the full evaluation size N, with its bound-vs-N curve.
+    """A certificate (docs/design.md §7) at the full evaluation size N, with its bound-vs-N curve.
 
     Attributes:
         R_hat: mean loss of the restricted proxy h_G (bits).
@@ -228,7 +228,7 @@ def build_certificate(
     cfg: CertifyConfig,
     config: dict[str, Any] | None = None,
 ) -> Certificate:
-    """Assemble a certificate from per-sequence losses (no model needed; DESIGN §7)."""
+    """Assemble a certificate from per-sequence losses (no model needed; docs/design.md §7)."""
     n = int(loss_clean.shape[0])
     P, m = int(pool.sum()), int(pool.numel())
     schedule = sorted({x for x in (cfg.n_schedule or default_schedule(n)) if 1 <= x <= n} | {n})
@@ -374,7 +374,7 @@ def certify(
     cfg: CertifyConfig | None = None,
     **overrides: Any,
 ) -> Certificate:
-    """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; DESIGN §7).
+    """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; docs/design.md §7).
 
     Args:
         model: the frozen TransformerLens model.

@@ -1,4 +1,4 @@
-"""Layer sweeps and the feature-shuffle ablation, sharing one clean pass (DESIGN §7)."""
+"""Layer sweeps and the feature-shuffle ablation, sharing one clean pass (docs/design.md §7)."""
 
 from __future__ import annotations
 

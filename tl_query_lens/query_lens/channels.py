@@ -1,4 +1,4 @@
-"""Subspace channels: low-rank maps from a layer's value features to each downstream module's response (DESIGN §5).
+"""Subspace channels: low-rank maps from a layer's value features to each downstream module's response (docs/design.md §5).
 
 For N value features v of source layer l and every downstream module k > l (attention and MLP of block k), the
 response is r^{l→k} = J̄^k v, with J̄^k the corpus-mean Jacobian of the module's output w.r.t. its input

@@ -1,4 +1,4 @@
-"""The evaluation protocol of the Query Lens paper's Table 1: input and output scores of token signatures (DESIGN §5).
+"""The evaluation protocol of the Query Lens paper's Table 1: input and output scores of token signatures (docs/design.md §5).
 
 Input score I(T): share of a feature's max-activating tokens (top token of each of its N most-activating corpus
 contexts) whose normalised string is in T. Output score O(T) = |S ∩ T| / |S|, S = the 25 tokens whose rank percentile
@@ -272,7 +272,7 @@ def evaluate_signatures(
     cfg: EvaluationConfig | None = None,
     **overrides: Any,
 ) -> SignatureEvaluation:
-    """Table-1 input and output scores of token signatures of one dictionary's features (DESIGN §5).
+    """Table-1 input and output scores of token signatures of one dictionary's features (docs/design.md §5).
 
     Args:
         model: the model the dictionary belongs to.

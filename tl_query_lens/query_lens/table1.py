@@ -1,5 +1,5 @@
 """The Query Lens paper's Table-1 protocol as one function: signatures of sampled features of several dictionaries by
-every method, scored by :func:`~tl_query_lens.query_lens.evaluation.evaluate_signatures` (DESIGN §5).
+every method, scored by :func:`~tl_query_lens.query_lens.evaluation.evaluate_signatures` (docs/design.md §5).
 
 Departures from the paper are the CPU-sized corpora (see docs/query_lens_evaluation.md); the method set is
 :data:`~tl_query_lens.query_lens.lens.SIGNATURE_METHODS` plus the ZO / TC baselines of :class:`EvaluationConfig`.

@@ -1,4 +1,4 @@
-"""Readout SAEs (Sparse Readout Prism, DESIGN §6): a sparse dictionary of the LM head's rows and exact score decomposition.
+"""Readout SAEs (Sparse Readout Prism, docs/design.md §6): a sparse dictionary of the LM head's rows and exact score decomposition.
 
 Importing this package registers the SAELens architecture ``"readout"`` and this project's readout releases, so
 ``SAE.load_from_disk(path)`` and ``SAE.from_pretrained("tlql-readout-<model>", sae_id)`` return a :class:`ReadoutSAE`.

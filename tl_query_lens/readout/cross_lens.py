@@ -1,7 +1,7 @@
-"""Cross-lens check (DESIGN §6): do two Jacobian lenses fitted on different corpora share the dominant feature?
+"""Cross-lens check (docs/design.md §6): do two Jacobian lenses fitted on different corpora share the dominant feature?
 
 A Jacobian lens decodes a residual h at ``blocks.l.hook_resid_post`` as h̃ = LN_f(M_l h), with M_l the corpus-mean
-value operator of the operator engine (DESIGN §4; this module never computes Jacobians itself). Fit M_l on two
+value operator of the operator engine (docs/design.md §4; this module never computes Jacobians itself). Fit M_l on two
 corpora, decode the same frozen states under both, take each lens' own top-1 token t and its vocabulary-mean
 contrast score (α = e_t − 1/|V|), and compare the dominant readout features argmax_i |c_i|. Nulls: the dominant
 feature of lens B on a *different* state (shuffled pairing), and of lens B's score for a random other token.

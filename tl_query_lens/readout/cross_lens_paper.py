@@ -1,4 +1,4 @@
-"""Cross-lens check on a prompt bank, under the Sparse Readout Prism authors' protocol or this project's (DESIGN §6).
+"""Cross-lens check on a prompt bank, under the Sparse Readout Prism authors' protocol or this project's (docs/design.md §6).
 
 Two Jacobian lenses h̃ = LN_f(M_l h) (``M_l`` fitted on two corpora) decode the same frozen final-position residuals of
 a bank of prompts whose answer is one token. Per prompt, lens and layer, a score is decomposed into readout features
@@ -263,7 +263,7 @@ def cross_lens_prompts(
     cfg: CrossLensConfig | None = None,
     **overrides: Any,
 ) -> CrossLensPromptResult:
-    """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (DESIGN §6, module docstring.)
+    """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (docs/design.md §6, module docstring.)
 
     Args:
         model: the model (tokenizer, LN_f, W_U).

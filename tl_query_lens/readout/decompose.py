@@ -1,4 +1,4 @@
-"""Exact decomposition of a selected readout score into readout features (DESIGN §6, Sparse Readout Prism).
+"""Exact decomposition of a selected readout score into readout features (docs/design.md §6, Sparse Readout Prism).
 
 For a direction q_α = Σ_t α_t w_t and a decoded state h,
 
@@ -171,7 +171,7 @@ def decompose(
     n_label: int = 6,
     dtype: torch.dtype = torch.float64,
 ) -> Decomposition:
-    """Decompose s = h·q_α into bias, per-feature contributions and residual (DESIGN §6).
+    """Decompose s = h·q_α into bias, per-feature contributions and residual (docs/design.md §6).
 
     Args:
         sae: a fitted :class:`ReadoutSAE`.

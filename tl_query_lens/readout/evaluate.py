@@ -179,7 +179,7 @@ def evaluate_readout(
     cfg: ReadoutEvalConfig | None = None,
     **overrides: Any,
 ) -> ReadoutReport:
-    """Diagnostics of ``sae`` and of each baseline on held-out ``states`` (DESIGN §6).
+    """Diagnostics of ``sae`` and of each baseline on held-out ``states`` (docs/design.md §6).
 
     ``cfg`` / keyword ``overrides``: :class:`ReadoutEvalConfig` (baselines, ablation_states, n_boot, k-means sizes).
     """

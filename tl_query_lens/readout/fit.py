@@ -1,4 +1,4 @@
-"""Fitting a readout SAE with the Sparse Readout Prism recipe (DESIGN §6).
+"""Fitting a readout SAE with the Sparse Readout Prism recipe (docs/design.md §6).
 
 Per step: a batch of normalised rows x_t (50% drawn by top-8 frequency over decoded corpus states, 50% uniform),
 TopK codes, reconstruction x̂ = code·D, and the loss
@@ -194,7 +194,7 @@ def fit_readout(
     progress: bool = True,
     **overrides,
 ) -> ReadoutFit:
-    """Fit a readout SAE to ``model``'s LM-head rows (DESIGN §6); no files, no W&B (the caller logs ``history``).
+    """Fit a readout SAE to ``model``'s LM-head rows (docs/design.md §6); no files, no W&B (the caller logs ``history``).
 
     Args:
         model: a TransformerLens model.
@@ -233,7 +233,7 @@ def fit_readout(
     b_U = model.b_U.detach().float().to(device)
     freq = _row_frequency(states, rows, b_U, min(cfg.top_n, d_vocab))
 
-    # Preprocessing (DESIGN §6): μ, a_t, x_t.
+    # Preprocessing (docs/design.md §6): μ, a_t, x_t.
     mu, norms, x = normalise_rows(rows)
 
     sae_cfg = ReadoutSAEConfig(

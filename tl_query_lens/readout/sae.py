@@ -1,4 +1,4 @@
-"""The readout SAE: a TopK dictionary of the LM head's rows, as an SAELens SAE (DESIGN §6, Sparse Readout Prism).
+"""The readout SAE: a TopK dictionary of the LM head's rows, as an SAELens SAE (docs/design.md §6, Sparse Readout Prism).
 
 Rows w_t of the unembedding (columns of TL's ``W_U``) are centred and normalised, μ = mean row, a_t = ‖w_t − μ‖,
 x_t = (w_t − μ)/a_t, and a TopK SAE with unit-norm decoder rows d_i and no decoder bias is fitted to the x_t.

@@ -1,4 +1,4 @@
-"""The Query Lens authors' Table-1 protocol pieces (HYU-NLP/query-lens, checked; DESIGN §5), beside this project's.
+"""The Query Lens authors' Table-1 protocol pieces (HYU-NLP/query-lens, checked; docs/design.md §5), beside this project's.
 
 Where ``EvaluationConfig(protocol="paper")`` departs from this project's ``"tlql"`` protocol (``protocols/tlql.py``):
   * input score: token strings normalised by replacing ▁ / Ġ with a space and Ċ with a newline only (no strip, no

@@ -75,7 +75,7 @@ def kl_matched_alphas(
     growth: float = 4.0,
     max_growth_steps: int = 8,
 ) -> tuple[Float[torch.Tensor, "n_targets n"], Float[torch.Tensor, "n_targets n"]]:
-    """Clamp values α ≥ 0 with KL(clean ‖ steered) ≈ target, all features and targets in one batch (DESIGN §5).
+    """Clamp values α ≥ 0 with KL(clean ‖ steered) ≈ target, all features and targets in one batch (docs/design.md §5).
 
     KL is averaged over positions of the teacher-forced ``sequences`` and then over sequences. The bracket [0, hi]
     grows hi by ``growth`` (from ``init``, e.g. the max corpus activation) until KL(hi) ≥ target, then ``n_steps``
