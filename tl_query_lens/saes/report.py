@@ -120,15 +120,17 @@ class SuiteQuality(SavableResult):
     }
     title: ClassVar[str] = "SAE / transcoder suite quality"
 
+    #: The headline numbers of each dictionary (W&B scalars ``{sae_id}/{key}``).
+    HEADLINE: ClassVar[tuple[str, ...]] = ("explained_variance", "ce_recovered", "kl", "mean_l0", "alive_rate")
+
     def scalars(self) -> dict[str, float]:
-        """``{sae_id}/{explained_variance, ce_recovered, kl, mean_l0, alive_rate}`` per dictionary, tokens, seconds."""
-        keys = ("explained_variance", "ce_recovered", "kl", "mean_l0", "alive_rate")
-        out = {f"{r['sae_id']}/{k}": float(r[k]) for r in self.rows for k in keys}
+        """:attr:`HEADLINE` of each dictionary as ``{sae_id}/{key}``, the tokens scored and the seconds taken."""
+        out = {f"{r['sae_id']}/{k}": float(r[k]) for r in self.rows for k in self.HEADLINE}
         return out | {"n_tokens": float(self.n_tokens), "seconds": float(self.seconds)}
 
     def tables(self) -> dict[str, Table]:
-        """``quality``: one row per dictionary, the columns of :data:`COLUMNS`."""
-        return {"quality": Table.build(self.COLUMN_TYPES, ([r[c] for c in COLUMNS] for r in self.rows))}
+        """``quality``: one row per dictionary, the columns of :attr:`COLUMN_TYPES`."""
+        return {"quality": Table.build(self.COLUMN_TYPES, ([r[c] for c in self.COLUMN_TYPES] for r in self.rows))}
 
 
 def _write_hook(sae: SAE) -> str:
