@@ -1,4 +1,4 @@
-"""Cross-lens check on the embedded model: Jacobian lenses fitted on two corpora, same frozen states (DESIGN §6).
+"""Cross-lens check on the embedded model: Jacobian lenses fitted on two corpora, same frozen states (docs/design.md §6).
 
 Corpus A: the embedded corpus (stdlib docstrings, train split). Corpus B: a different local text, the license texts
 in /usr/share/common-licenses (legal prose), train split. Frozen states: the embedded evaluation split.

@@ -1,5 +1,5 @@
 """certify() against an independent recomputation: plain forward passes with splice hooks written here, from the
-model's own weights / hook activations, and the DESIGN §7 formulas written out again."""
+model's own weights / hook activations, and the formulas of docs/design.md §7 written out again."""
 
 import math
 

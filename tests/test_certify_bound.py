@@ -1,4 +1,4 @@
-"""The DESIGN §7 bound against numbers worked out by hand (arithmetic in the comments)."""
+"""The bound of docs/design.md §7 against numbers worked out by hand (arithmetic in the comments)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Subspace channels: reduced-rank regression, Adam recipe, overlaps, AUC and permutation p (DESIGN §5)."""
+"""Subspace channels: reduced-rank regression, Adam recipe, overlaps, AUC and permutation p (docs/design.md §5)."""
 
 from __future__ import annotations
 

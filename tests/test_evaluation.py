@@ -1,4 +1,4 @@
-"""Table-1 protocol: input score, clamping, KL-matched α search, steering scores, baselines (DESIGN §5)."""
+"""Table-1 protocol: input score, clamping, KL-matched α search, steering scores, baselines (docs/design.md §5)."""
 
 from __future__ import annotations
 

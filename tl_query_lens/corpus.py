@@ -1,4 +1,4 @@
-"""Token corpora with disjoint, deterministic splits (DESIGN §2).
+"""Token corpora with disjoint, deterministic splits (docs/design.md §2).
 
 The embedded source is English prose every machine has: the docstrings of Python's standard library, read from
 source with ``ast`` (nothing is imported), doctest lines dropped, deduplicated, in a fixed order. ``"embedded"`` keeps
@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Int
 
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
+from tl_query_lens.models import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +63,6 @@ def stdlib_docstrings(min_chars: int = MIN_DOC_CHARS) -> tuple[str, ...]:
 
     Parsing the standard library takes a few seconds, so the result is cached in the user cache directory.
     """
-    from tl_query_lens.models import cache_dir
-
     root = Path(sysconfig.get_paths()["stdlib"])
     cached = cache_dir() / "corpus" / f"stdlib-docstrings-{sys.version_info[0]}.{sys.version_info[1]}-{min_chars}.json"
     if cached.exists():
@@ -135,8 +134,6 @@ def stdlib_texts() -> tuple[str, ...]:
 
     Cached in the user cache directory like :func:`stdlib_docstrings`.
     """
-    from tl_query_lens.models import cache_dir
-
     root = Path(sysconfig.get_paths()["stdlib"])
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     cached = cache_dir() / "corpus" / f"stdlib-texts-{version}-{CHUNK_CHARS}.json"

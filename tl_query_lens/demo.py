@@ -8,7 +8,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from sae_lens import SAE
 
+from tl_query_lens.certify.certify import certify
+from tl_query_lens.certify.plots import bound_vs_n_figure
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.dictionaries.ffkv import FFKV
+from tl_query_lens.dictionaries.splice import ffkv_summary
+from tl_query_lens.models import cache_dir, load_model
+from tl_query_lens.query_lens.lens import QueryLens
+from tl_query_lens.readout import cached_sae_path, decompose, feature_labels, fit_readout, top1_vs_competitor
+from tl_query_lens.readout.registry import READOUT_RELEASES
 from tl_query_lens.report.html import FeatureCard, Section, TokenList, build_report
 from tl_query_lens.report.neuronpedia import export_neuronpedia, neuronpedia_features
 from tl_query_lens.tracking import Tracker
@@ -82,9 +92,6 @@ class DemoOutputs:
 def _ffkv_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     import plotly.graph_objects as go
 
-    from tl_query_lens import load_corpus
-    from tl_query_lens.dictionaries.splice import ffkv_summary
-
     tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.splice_seqs, seq_len=32, split="evaluation", seed=cfg.seed)
     summary = ffkv_summary(model, cfg.ffkv_layers, tokens, k=cfg.k, dense=False)
     summary.save(cfg.out / "ffkv")
@@ -112,8 +119,6 @@ def _ffkv_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
 
 
 def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section, Path]:
-    from tl_query_lens import FFKV, QueryLens, load_corpus
-    from tl_query_lens.models import cache_dir
 
     tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.operator_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
     ffkv = FFKV.from_model(model, cfg.ql_layer)
@@ -171,17 +176,6 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
 
 def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     import plotly.graph_objects as go
-    from sae_lens import SAE
-
-    from tl_query_lens import load_corpus
-    from tl_query_lens.readout import (
-        cached_sae_path,
-        decompose,
-        feature_labels,
-        fit_readout,
-        top1_vs_competitor,
-    )
-    from tl_query_lens.readout.registry import READOUT_RELEASES
 
     release = READOUT_RELEASES.release_name(cfg.model)
     if cfg.readout_sae_id in READOUT_RELEASES.available_ids(cfg.model):
@@ -249,8 +243,6 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
 
 
 def _certify_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
-    from tl_query_lens import FFKV, certify, load_corpus
-    from tl_query_lens.certify.plots import bound_vs_n_figure
 
     cal = load_corpus(cfg.corpus, model, n_seqs=cfg.n_cal, seq_len=32, split="calibration", seed=cfg.seed)
     ev = load_corpus(cfg.corpus, model, n_seqs=cfg.n_eval, seq_len=32, split="evaluation", seed=cfg.seed)
@@ -279,8 +271,6 @@ def _certify_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
 
 def run_demo(cfg: DemoConfig) -> DemoOutputs:
     """Run every step, write results under ``cfg.out``, log one W&B run, build ``report.html``."""
-    from tl_query_lens import load_model
-
     cfg.out = Path(cfg.out)
     seconds: dict[str, float] = {}
     start = time.perf_counter()

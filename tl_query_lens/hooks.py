@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 
 import torch
 from transformer_lens import HookedTransformer
@@ -40,8 +41,6 @@ def hook_dims(model: HookedTransformer, names: list[str]) -> dict[str, int]:
     """Width of the last axis of each hook's activation, probed with a one-token forward pass."""
     for name in names:
         check_hook(model, name)
-    from tl_query_lens.primitives import stop_layer
-
     dims: dict[str, int] = {}
 
     def grab(act: torch.Tensor, hook) -> None:
@@ -100,3 +99,21 @@ def refuse_norm_after_only(model, what: str) -> None:
             f"{what} is not supported on {arch} blocks (ln1 / ln2 after attention / the MLP, no norm before them). "
             "Dictionaries on residual hooks, hook_attn_out and hook_mlp_out work there (Query Lens, certification)."
         )
+
+
+# Hooks before the first block: a pass that only needs them can stop at layer 0.
+_EMBED_HOOKS = ("hook_embed", "hook_pos_embed", "hook_tokens")
+
+
+def stop_layer(hooks: Iterable[str]) -> int | None:
+    """The ``stop_at_layer`` that still runs every hook in ``hooks``: the deepest block + 1 (0 for embedding hooks),
+    None (run to the end) when a hook lies after the blocks (``ln_final.*``, ``hook_unembed``)."""
+    deepest = -1
+    for name in hooks:
+        layer = hook_layer(name)
+        if layer is None:
+            if not name.startswith(_EMBED_HOOKS):
+                return None
+            continue
+        deepest = max(deepest, layer)
+    return deepest + 1

@@ -1,4 +1,4 @@
-"""Model loading: the embedded SmolLM2-135M-Instruct (no hub needed) or any TransformerLens model name (DESIGN §1)."""
+"""Model loading: the embedded SmolLM2-135M-Instruct (no hub needed) or any TransformerLens model name (docs/design.md §1)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 from sae_lens import HookedSAETransformer
+from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformerConfig
+from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
 from tl_query_lens.errors import UnavailableError
 
@@ -95,8 +97,6 @@ def _embedded_cache(name: str) -> Path:
 
 def _build_embedded_cache(name: str, target: Path) -> None:
     """Convert the GGUF once and store the TransformerLens state dict + tokenizer under ``target``."""
-    from safetensors.torch import save_file
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
     logger.info("Converting the embedded GGUF for %s (first load only, ~30 s)", name)
     hf_model, tokenizer = load_hf_from_gguf(name)
@@ -133,7 +133,6 @@ def load_model(
     dtype = dtype or torch.float32
     key = _ALIASES.get(name.lower(), name.lower())
     if key in EMBEDDED_MODELS:
-        from safetensors.torch import load_file
         from transformers import AutoTokenizer
 
         target = _embedded_cache(key)

@@ -19,27 +19,12 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.errors import InputError
-from tl_query_lens.hooks import hook_layer
+from tl_query_lens.hooks import (
+    hook_layer,
+    stop_layer,  # noqa: F401  (re-exported: it lives beside hook_layer now)
+)
 
 LOG2 = math.log(2.0)
-# Hooks before the first block: a pass that only needs them can stop at layer 0.
-_EMBED_HOOKS = ("hook_embed", "hook_pos_embed", "hook_tokens")
-
-
-# ----- hooks and truncated passes ----------------------------------------------------------------------------------
-def stop_layer(hooks: Iterable[str]) -> int | None:
-    """The ``stop_at_layer`` that still runs every hook in ``hooks``: the deepest block + 1 (0 for embedding hooks),
-    None (run to the end) when a hook lies after the blocks (``ln_final.*``, ``hook_unembed``)."""
-    deepest = -1
-    for name in hooks:
-        layer = hook_layer(name)
-        if layer is None:
-            if not name.startswith(_EMBED_HOOKS):
-                return None
-            continue
-        deepest = max(deepest, layer)
-    return deepest + 1
-
 
 Edit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -183,7 +168,7 @@ def cluster_bootstrap(
 def normalise_rows(
     rows: Float[torch.Tensor, "d_vocab d_model"], mu: Float[torch.Tensor, " d_model"] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(μ, a, x)``: μ the mean row (or the given one), a_t = ‖w_t − μ‖, x_t = (w_t − μ)/a_t (DESIGN §6)."""
+    """``(μ, a, x)``: μ the mean row (or the given one), a_t = ‖w_t − μ‖, x_t = (w_t − μ)/a_t (docs/design.md §6)."""
     mu = rows.mean(0) if mu is None else mu
     centred = rows - mu
     a = centred.norm(dim=-1)

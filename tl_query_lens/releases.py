@@ -36,6 +36,7 @@ from sae_lens.loading.pretrained_sae_loaders import (
     sae_lens_disk_loader,
 )
 from sae_lens.loading.pretrained_saes_directory import PretrainedSAELookup, get_pretrained_saes_directory
+from sae_lens.saes.sae import str_to_dtype
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -137,8 +138,6 @@ def read_shipped(
     release_dir: Path, sae_id: str, device: str = "cpu", cfg_overrides: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Verify, then read a shipped dictionary as SAELens' ``(cfg_dict, state_dict)`` in the dtype asked for."""
-    from sae_lens.saes.sae import str_to_dtype
-
     verify_shipped(release_dir, sae_id)
     folder = release_dir / sae_id
     cfg = get_sae_lens_config_from_disk(folder, device, cfg_overrides)

@@ -1,4 +1,4 @@
-"""Results on disk: JSON + safetensors, written atomically, before anything is logged (DESIGN §8)."""
+"""Results on disk: JSON + safetensors, written atomically, before anything is logged (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sae_lens import SAE
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from typing_extensions import Self
 
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.presentation import Presents
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,8 +76,6 @@ def read_tensors(path: str | Path, *, fix: str = RERUN_FIX) -> tuple[dict[str, t
     Raises:
         CorruptFileError: the file is missing, truncated or not safetensors (the message names it and ``fix``).
     """
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     if not path.is_file():
         raise CorruptFileError(path, "is missing", fix)
@@ -112,8 +113,6 @@ def _is_result_type(hint: Any) -> bool:
 
 
 def _is_sae_type(hint: Any) -> bool:
-    from sae_lens import SAE
-
     return isinstance(hint, type) and issubclass(hint, SAE)
 
 
@@ -129,13 +128,15 @@ def _optional(hint: Any) -> Any:
     return hint
 
 
-class SavableResult:
+class SavableResult(Presents):
     """Mixin for result dataclasses: one folder per result, written before anything is logged.
 
     Tensor fields go to ``tensors.safetensors``, plain fields to ``result.json``; fields that are themselves results
     (or dicts of results) go to sub-folders, SAELens SAEs to an SAELens folder, plain dataclasses (configs) to JSON
     and back through their type. NaN and ±inf round-trip as floats. Loading reads the field types from the class's
     annotations, so a subclass needs nothing but its fields (override :meth:`_subfolder` to choose folder names).
+    It presents itself through :class:`~tl_query_lens.presentation.Presents` (scalars, tables, figures, a report
+    section), whose defaults a subclass overrides where it has tables or figures.
     """
 
     def _subfolder(self, name: str, key: Any = None) -> str:
@@ -220,7 +221,5 @@ def _load_part(hint: Any, folder: Path) -> Any:
     if _is_result_type(hint):
         return hint.load(folder)
     if _is_sae_type(hint):
-        from sae_lens import SAE
-
         return SAE.load_from_disk(folder)
     raise TypeError(f"Cannot load a field of type {hint!r} from {folder}.")

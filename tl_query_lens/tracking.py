@@ -1,4 +1,4 @@
-"""W&B logging shared by every analysis: offline by default, and only of what is already on disk (DESIGN §8)."""
+"""W&B logging shared by every analysis: offline by default, and only of what is already on disk (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from typing_extensions import Self
 
+from tl_query_lens.presentation import Presentable
 from tl_query_lens.results import atomic_write_text, write_json
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,35 @@ class Tracker:
         self._pending.append(("html", (name, path)))
         return path
 
+    def log_result(self, result: Presentable, name: str | None = None, *, step: int | None = None) -> dict[str, Path]:
+        """Log a result through its presentation interface, and nothing else of it.
+
+        ``result.scalars()`` go to ``out_dir/{name}.json`` and to W&B as ``{name}/{key}`` (history and run summary);
+        each of ``result.tables()`` to ``out_dir/{name}_{table}.csv`` and a ``wandb.Table``; each of
+        ``result.figures()`` to ``out_dir/{name}_{figure}.html`` and a W&B plotly chart. ``name`` defaults to the
+        result class's name in snake case. Returns the files written, by what they hold (``"scalars"``,
+        ``"table/{table}"``, ``"figure/{figure}"``).
+
+        Raises:
+            TypeError: a table cell whose type is not its column's (the result's ``tables()`` is wrong).
+        """
+        name = name or _snake(type(result).__name__)
+        written: dict[str, Path] = {}
+        scalars = result.scalars()
+        if scalars:
+            written["scalars"] = self.log_scalars(name, scalars, step=step)
+            self._pending.append(("summary", ({f"{name}/{k}": v for k, v in scalars.items()},)))
+        for key, table in result.tables().items():
+            table.check()
+            written[f"table/{key}"] = self.log_table(f"{name}_{key}", *table.lists())
+        for key, figure in result.figures().items():
+            path = atomic_write_text(
+                self.out_dir / f"{name}_{key}.html", figure.to_html(include_plotlyjs=True, full_html=True)
+            )
+            self._pending.append(("plotly", (f"{name}_{key}", figure, path)))
+            written[f"figure/{key}"] = path
+        return written
+
     def log_artifact(self, name: str, paths: list[str | Path], *, type: str = "results") -> None:
         """Log files or folders already on disk as one W&B artifact (at :meth:`finish`)."""
         missing = [str(p) for p in paths if not Path(p).exists()]
@@ -135,6 +165,10 @@ class Tracker:
                     run.log({payload[0]: wandb.Table(columns=payload[1], data=payload[2])})
                 elif kind == "html":
                     run.log({payload[0]: wandb.Html(str(payload[1]))})
+                elif kind == "summary":
+                    run.summary.update(payload[0])
+                elif kind == "plotly":
+                    run.log({payload[0]: _plotly_or_html(wandb, payload[1], payload[2])})
                 else:
                     name, paths, kind_name = payload
                     artifact = wandb.Artifact(name, type=kind_name)
@@ -176,6 +210,20 @@ class Tracker:
                 logger.info(
                     "Nothing logged to W&B because the run stopped early; the files under %s are kept.", self.out_dir
                 )
+
+
+def _snake(name: str) -> str:
+    """``SignatureEvaluation`` → ``signature_evaluation``."""
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+def _plotly_or_html(wandb, figure, path: Path):
+    """A W&B plotly chart of ``figure``; its HTML file when W&B cannot convert it (e.g. a figure with annotations
+    that its converter refuses)."""
+    try:
+        return wandb.Plotly(figure)
+    except (ValueError, TypeError, AttributeError):
+        return wandb.Html(str(path))
 
 
 def _one_line(err: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Certification by proxy patching (DESIGN §7, arXiv 2606.18383): risk bound, layer sweeps, shuffle ablation."""
+"""Certification by proxy patching (docs/design.md §7, arXiv 2606.18383): risk bound, layer sweeps, shuffle ablation."""
 
 from tl_query_lens.certify.certify import Certificate, CertifyConfig, certify
 from tl_query_lens.certify.losses import Splice, smoothed_loss_bits

@@ -1,4 +1,4 @@
-"""The certificate's risk bound from per-sequence losses (DESIGN §7, arXiv 2606.18383).
+"""The certificate's risk bound from per-sequence losses (docs/design.md §7, arXiv 2606.18383).
 
 U = R̂(h_G) + ε̂ + Δη̂ + Δ√(ln(3/δ)/2N) + Δ√(ln(3/δ)/2N) + Δ√(ln(6/δ)/2N)
 Occam: the first Hoeffding term becomes Δ√((ln C(m,P) + ln(3/δ))/2N).
@@ -15,7 +15,7 @@ from jaxtyping import Bool, Float
 
 
 def loss_range_bits(d_vocab: int, alpha: float) -> float:
-    """Δ = log₂(1 + (1−α)|V|/α), the range of the smoothed per-sequence loss (DESIGN §7)."""
+    """Δ = log₂(1 + (1−α)|V|/α), the range of the smoothed per-sequence loss (docs/design.md §7)."""
     return math.log2(1.0 + (1.0 - alpha) * d_vocab / alpha)
 
 
@@ -78,7 +78,7 @@ def bound_terms(
     alpha: float = 0.5,
     delta: float = 0.05,
 ) -> BoundTerms:
-    """Every term of DESIGN §7 on the given sequences (N = their number).
+    """Every term of the bound (docs/design.md §7) on the given sequences (N = their number).
 
     Args:
         loss_clean: ℓ(M) per sequence, bits.

@@ -1,4 +1,4 @@
-"""``certify``: a risk certificate for a frozen model through an SAE-induced sparse proxy (DESIGN §7, arXiv 2606.18383).
+"""``certify``: a risk certificate for a frozen model through an SAE-induced sparse proxy (docs/design.md §7, arXiv 2606.18383).
 
 Protocol: G* = union of TopK supports over a calibration split; on a disjoint evaluation split of N sequences the
 restricted proxy's risk, the reconstruction gap and the pool mismatch, plus three Hoeffding terms, bound the frozen
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -28,11 +29,13 @@ from tl_query_lens.certify.bound import (
     min_sequences,
 )
 from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
+from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
 
@@ -41,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Certificate(SavableResult):
-    """A certificate of DESIGN §7 at the full evaluation size N, with its bound-vs-N curve.
+    """A certificate (docs/design.md §7) at the full evaluation size N, with its bound-vs-N curve.
 
     Attributes:
         R_hat: mean loss of the restricted proxy h_G (bits).
@@ -132,6 +135,22 @@ class Certificate(SavableResult):
         )
         return {k: getattr(self, k) for k in keys}
 
+    title: ClassVar[str] = "Certificate"
+
+    def scalars(self) -> dict[str, float]:
+        """The scalar terms of :meth:`summary`, as floats."""
+        return numeric_fields(self, self.summary())
+
+    def tables(self) -> dict[str, Table]:
+        """``curve``: the bound's terms at each scheduled N."""
+        columns = {"N": int, "bound": float, "bound_occam": float, "R_hat": float, "eps_hat": float, "eta_hat": float}
+        curve = (self.curve_N, self.curve_bound, self.curve_bound_occam, self.curve_R_hat, self.curve_eps_hat)
+        return {"curve": Table.build(columns, zip(*curve, self.curve_eta_hat))}
+
+    def figures(self) -> dict[str, Any]:
+        """``bound_vs_N``: U at each scheduled N, with log₂|V|."""
+        return {"bound_vs_N": bound_vs_n_figure({"proxy": self})}
+
 
 @dataclass
 class CertifyConfig:
@@ -209,7 +228,7 @@ def build_certificate(
     cfg: CertifyConfig,
     config: dict[str, Any] | None = None,
 ) -> Certificate:
-    """Assemble a certificate from per-sequence losses (no model needed; DESIGN §7)."""
+    """Assemble a certificate from per-sequence losses (no model needed; docs/design.md §7)."""
     n = int(loss_clean.shape[0])
     P, m = int(pool.sum()), int(pool.numel())
     schedule = sorted({x for x in (cfg.n_schedule or default_schedule(n)) if 1 <= x <= n} | {n})
@@ -286,8 +305,6 @@ def certify_many(
     times: PassTimes | None = None,
 ) -> dict[Hashable, Certificate]:
     """Certificates of several proxies sharing one calibration pass and one clean evaluation pass."""
-    import time
-
     check_inputs(model, [s.sae for s in splices.values()], calibration_tokens, evaluation_tokens, cfg)
     times = times if times is not None else PassTimes()
     t0 = time.perf_counter()
@@ -357,7 +374,7 @@ def certify(
     cfg: CertifyConfig | None = None,
     **overrides: Any,
 ) -> Certificate:
-    """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; DESIGN §7).
+    """Certify ``model`` through the proxy that splices ``sae`` (any SAELens SAE, transcoder or FF-KV; docs/design.md §7).
 
     Args:
         model: the frozen TransformerLens model.

@@ -1,4 +1,4 @@
-"""Proxy splices and per-sequence losses: one clean pass shared by every proxy (DESIGN §7).
+"""Proxy splices and per-sequence losses: one clean pass shared by every proxy (docs/design.md §7).
 
 A proxy S∘M encodes the activation at the dictionary's read hook, sparsifies the codes (TopK-k by magnitude of the
 SAE's ``encode`` output, or the SAE's native rule), optionally permutes feature ids (shuffle ablation) and masks
@@ -130,7 +130,7 @@ def smoothed_loss_bits(
     *,
     exclude_first_positions: int = 0,
 ) -> Float[torch.Tensor, " batch"]:
-    """ℓ = mean_t −log₂((1−α)p(x_{t+1}) + α/|V|) per sequence over t ≥ ``exclude_first_positions`` (DESIGN §7)."""
+    """ℓ = mean_t −log₂((1−α)p(x_{t+1}) + α/|V|) per sequence over t ≥ ``exclude_first_positions`` (docs/design.md §7)."""
     first = exclude_first_positions
     targets = tokens[:, first + 1 :, None].to(logits.device)
     logp = logits[:, first:-1].float().log_softmax(-1).gather(-1, targets)[..., 0]

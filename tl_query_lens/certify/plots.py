@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from tl_query_lens.certify.certify import Certificate
+if TYPE_CHECKING:  # certify.py draws its figures with these functions
+    from tl_query_lens.certify.certify import Certificate
 
 
 def bound_vs_n_figure(

@@ -1,15 +1,9 @@
-"""Certification under a named protocol: the paper's (arXiv 2606.18383, authors' released code) or this project's.
+"""Certification under a named protocol (``protocol=``): the paper's (arXiv 2606.18383, the authors' released code,
+``certify/protocols/paper.py``) or this project's (``"tlql"``, formerly ``"fixed-pool"``, ``certify/protocols/tlql.py``).
 
-``"paper"`` (newcodevelop/sparse-lens-certification, checked):
-  * evaluation data = one window per document (i.i.d. draws, as Hoeffding needs; the paper: one 32-token window per
-    C4 document), so N is at most the number of documents in the evaluation split;
-  * the headline total bound is the Occam variant (ln C(m, P) in the first Hoeffding term — the paper's Llama
-    layer-30 ≈ 13.7 bits at N = 10k is this one);
-  * beside it the direct bound on the clean model, R̂(M) + Δ√(ln(1/δ)/2N), which shows what the proxy costs;
-  * the shuffle ablation's gap is |ℓ(S∘M) − ℓ(M)| (densities), not the signed gap.
-``"fixed-pool"`` (this project's default for ``tlql certify``): windows cut from the split's concatenated token
-  stream (several per document), headline = the fixed-pool bound U, signed gaps.
-Both report N* twice: the closed form (A/(log₂|V| − C))² and the first point of the N schedule below log₂|V|.
+The protocol files hold what differs (how the evaluation windows are drawn, which bound is the headline); both report
+every bound variant, the direct bound on the clean model and N* twice: the closed form (A/(log₂|V| − C))² and the first
+point of the N schedule below log₂|V|.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import torch
 from sae_lens import SAE
@@ -27,14 +21,19 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.losses import Rule
+from tl_query_lens.certify.protocols import PROTOCOLS
+from tl_query_lens.certify.sweep import certify_layers
 from tl_query_lens.config import resolve_config
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
+from tl_query_lens.protocols import ProtocolName, resolve_protocol
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
-CertifyProtocol = Literal["paper", "fixed-pool"]
-HEADLINE: dict[str, str] = {"paper": "bound_occam", "fixed-pool": "bound"}
+CertifyProtocol = ProtocolName
+HEADLINE: dict[str, str] = {name: module.HEADLINE for name, module in PROTOCOLS.items()}
 
 
 def direct_bound(loss_clean: torch.Tensor, *, delta_bits: float, delta: float) -> float:
@@ -51,6 +50,18 @@ def closed_form_n_star(constant: float, coefficient: float, baseline_bits: float
 def schedule_n_star(curve_n: list[int], curve_bound: list[float], baseline_bits: float) -> int | None:
     """The first N of the evaluated schedule with a bound below log₂|V| (None when none is)."""
     return next((int(n) for n, u in zip(curve_n, curve_bound) if u < baseline_bits), None)
+
+
+# The type of each :func:`protocol_row` entry (the table's columns); every ``shuffled_*`` entry is a float.
+ROW_TYPES: dict[str, type | tuple[type, None]] = {
+    "N": int,
+    "P": int,
+    "m": int,
+    "nontrivial": bool,
+    "nontrivial_occam": bool,
+    "N_star_schedule": (int, None),
+    "N_star_schedule_occam": (int, None),
+}
 
 
 def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | bool]:
@@ -104,9 +115,9 @@ class ProtocolCertifyConfig:
     """Options of :func:`certify_protocol`.
 
     Attributes:
-        protocol: ``"paper"`` or ``"fixed-pool"`` (module docstring).
+        protocol: ``"paper"`` or ``"tlql"`` (formerly ``"fixed-pool"``; module docstring).
         n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream).
-        n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (fixed-pool).
+        n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (tlql).
         seq_len: tokens per window. k / delta / alpha / rule / batch_size: as in :func:`certify`.
         shuffle: add the feature-shuffle ablation for every proxy. seed: corpus draws and the shuffle permutation.
         bins: bins of the |gap| densities.
@@ -129,8 +140,7 @@ class ProtocolCertifyConfig:
     exclude_first_positions: int = 0
 
     def __post_init__(self) -> None:
-        if self.protocol not in HEADLINE:
-            raise ValueError(f"protocol must be one of {sorted(HEADLINE)}, got {self.protocol!r}.")
+        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
         check_first_positions(self.exclude_first_positions, self.seq_len)
         if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
             raise ValueError("bins, n_cal and n_eval must be positive.")
@@ -142,7 +152,7 @@ class ProtocolCertification(SavableResult):
 
     Attributes:
         protocol: which protocol. headline: the row key of the bound this protocol reports (``bound_occam`` for the
-            paper, ``bound`` for fixed-pool).
+            paper, ``bound`` for tlql).
         labels: proxy labels, in row order.
         rows: per proxy, :func:`protocol_row` of the real proxy (+ ``shuffled_*`` keys with the ablation).
         n_documents: documents in the evaluation split. n_eligible: those long enough for one window (paper).
@@ -171,6 +181,23 @@ class ProtocolCertification(SavableResult):
     def headline_bounds(self) -> dict[str, float]:
         """label → the headline bound of this protocol."""
         return {label: float(row[self.headline]) for label, row in zip(self.labels, self.rows)}
+
+    title: ClassVar[str] = "Certification under a protocol"
+
+    def scalars(self) -> dict[str, float]:
+        """``{label}/{headline}`` per proxy (the bound this protocol reports), and the split's sizes."""
+        out = {f"{label}/{self.headline}": bound for label, bound in self.headline_bounds().items()}
+        return out | numeric_fields(self, ("n_documents", "n_eligible", "one_window_per_document"))
+
+    def tables(self) -> dict[str, Table]:
+        """``certificates``: one row per proxy, every entry of :func:`protocol_row` (and ``shuffled_*``)."""
+        keys = list(self.rows[0]) if self.rows else []
+        columns = {"label": str, **{k: ROW_TYPES.get(k, float) for k in keys}}
+        return {
+            "certificates": Table.build(
+                columns, ([label, *(row[k] for k in keys)] for label, row in zip(self.labels, self.rows))
+            )
+        }
 
 
 def summarise(
@@ -232,30 +259,11 @@ def certify_protocol(
         ValueError: ``n_eval`` larger than the documents the paper protocol can draw from (the message gives the
             count), or any error of :func:`~tl_query_lens.certify.certify.certify`.
     """
-    from tl_query_lens.certify.sweep import certify_layers
-    from tl_query_lens.corpus import load_corpus
-    from tl_query_lens.documents import one_window_per_document
 
     cfg = resolve_config(ProtocolCertifyConfig, cfg, overrides)
     cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
-    n_documents = n_eligible = None
-    if cfg.protocol == "paper":
-        windows = one_window_per_document(
-            corpus, model, n_seqs=cfg.n_eval, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
-        )
-        ev, n_documents, n_eligible = windows.tokens, windows.n_documents, windows.n_eligible
-        logger.info(
-            "paper protocol: %d evaluation windows, one from each of %d distinct documents (the split holds "
-            "%d documents, %d long enough)",
-            ev.shape[0],
-            ev.shape[0],
-            n_documents,
-            n_eligible,
-        )
-    else:
-        ev = load_corpus(
-            corpus, model, n_seqs=cfg.n_eval or 1000, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
-        )
+    protocol = PROTOCOLS[cfg.protocol]
+    ev, n_documents, n_eligible = protocol.evaluation_windows(model, corpus, cfg)
     sweep = certify_layers(
         model,
         dict(saes_by_label),
@@ -276,5 +284,5 @@ def certify_protocol(
         cfg=cfg,
         n_documents=n_documents,
         n_eligible=n_eligible,
-        one_window_per_document=cfg.protocol == "paper",
+        one_window_per_document=protocol.ONE_WINDOW_PER_DOCUMENT,
     )

@@ -1,11 +1,11 @@
-"""Layer sweeps and the feature-shuffle ablation, sharing one clean pass (DESIGN §7)."""
+"""Layer sweeps and the feature-shuffle ablation, sharing one clean pass (docs/design.md §7)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Int
@@ -14,8 +14,10 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.certify.certify import Certificate, CertifyConfig, certify_many
 from tl_query_lens.certify.losses import PassTimes, Splice
+from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -42,26 +44,27 @@ class LayerSweep(SavableResult):
     seed: int | None = None
     times: PassTimes = field(default_factory=PassTimes)
 
-    COLUMNS = (
-        "label",
-        "hook",
-        "proxy",
-        "N",
-        "P",
-        "m",
-        "R_hat",
-        "eps_hat",
-        "eta_hat",
-        "bound",
-        "bound_occam",
-        "baseline_bits",
-        "nontrivial",
-        "N_star",
-        "N_star_observed",
-        "kl_bits",
-        "top1_agreement",
-        "mean_gap_bits",
-    )
+    COLUMN_TYPES: ClassVar[dict[str, type]] = {
+        "label": str,
+        "hook": str,
+        "proxy": str,
+        "N": int,
+        "P": int,
+        "m": int,
+        "R_hat": float,
+        "eps_hat": float,
+        "eta_hat": float,
+        "bound": float,
+        "bound_occam": float,
+        "baseline_bits": float,
+        "nontrivial": bool,
+        "N_star": float,
+        "N_star_observed": bool,
+        "kl_bits": float,
+        "top1_agreement": float,
+        "mean_gap_bits": float,
+    }
+    COLUMNS = tuple(COLUMN_TYPES)
 
     def rows(self) -> list[list]:
         """One row per (layer, real|shuffled) proxy, columns :attr:`COLUMNS`."""
@@ -98,6 +101,34 @@ class LayerSweep(SavableResult):
             return name
         folder = f"layer{key}" if isinstance(key, int) else "".join(ch if ch.isalnum() else "_" for ch in str(key))
         return f"{folder}_shuffled" if name == "shuffled" else folder
+
+    title: ClassVar[str] = "Certificates per layer"
+
+    def scalars(self) -> dict[str, float]:
+        """``{label}/bound``, ``/bound_occam``, ``/N_star`` per proxy (``shuffled/{label}/…`` too), and the pass times."""
+        out: dict[str, float] = {}
+        for prefix, certs in (("", self.certificates), ("shuffled/", self.shuffled)):
+            for label, c in certs.items():
+                out.update(numeric_fields(c, ("bound", "bound_occam", "N_star"), prefix=f"{prefix}{label}/"))
+        times = {"clean_s": self.times.clean, "proxy_s": self.times.proxy, "restricted_s": self.times.restricted}
+        return out | {f"times/{k}": float(v) for k, v in (times | {"pool_s": self.times.pool}).items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``certificates``: one row per (label, real|shuffled) proxy."""
+        return {"certificates": Table.build(self.COLUMN_TYPES, ([str(r[0]), *r[1:]] for r in self.rows()))}
+
+    def figures(self) -> dict[str, Any]:
+        """Bound and Occam bound vs N per label; with the ablation, the gap distributions and the shuffled bounds."""
+        real = {str(k): c for k, c in self.certificates.items()}
+        figures = {
+            "bound_vs_N": bound_vs_n_figure(real),
+            "bound_occam_vs_N": bound_vs_n_figure(real, occam=True, title="Occam bound vs N"),
+        }
+        if self.shuffled:
+            shuffled = {str(k): c for k, c in self.shuffled.items()}
+            figures["gap_real_vs_shuffled"] = gap_distribution_figure(real, shuffled)
+            figures["bound_vs_N_shuffled"] = bound_vs_n_figure(shuffled, title="Shuffled proxies: bound vs N")
+        return figures
 
 
 def certify_layers(
@@ -163,6 +194,24 @@ class ShuffleAblation(SavableResult):
     @property
     def mean_gap_shift_bits(self) -> float:
         return (self.shuffled.gap.double().mean() - self.real.gap.double().mean()).item()
+
+    title: ClassVar[str] = "Feature-shuffle ablation"
+
+    def scalars(self) -> dict[str, float]:
+        """The mean gap shift, and each certificate's scalars under ``real/`` and ``shuffled/``."""
+        out = {"mean_gap_shift_bits": self.mean_gap_shift_bits}
+        for name, cert in (("real", self.real), ("shuffled", self.shuffled)):
+            out.update({f"{name}/{k}": v for k, v in cert.scalars().items()})
+        return out
+
+    def tables(self) -> dict[str, Table]:
+        """``certificates``: the real and the shuffled proxy, the columns of :class:`LayerSweep`."""
+        sweep = LayerSweep({"proxy": self.real}, {"proxy": self.shuffled}, seed=self.seed)
+        return sweep.tables()
+
+    def figures(self) -> dict[str, Any]:
+        """``gap_real_vs_shuffled``: the per-sequence gap distributions."""
+        return {"gap_real_vs_shuffled": gap_distribution_figure({"proxy": self.real}, {"proxy": self.shuffled})}
 
 
 def shuffle_ablation(

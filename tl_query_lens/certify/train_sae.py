@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
+from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 from transformer_lens import HookedTransformer
+
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.hooks import check_hook, hook_dims
+from tl_query_lens.models import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +74,6 @@ class SAETrainSpec:
 
 def default_sae_dir(model: HookedTransformer, spec: SAETrainSpec) -> Path:
     """``<user cache>/saes/<model>-<hook>-topk<d_sae>-k<k>``."""
-    from tl_query_lens.models import cache_dir
-
     name = (model.cfg.model_name or "model").replace("/", "_")
     return cache_dir() / "saes" / f"{name}-{spec.hook_name}-topk{spec.d_sae}-k{spec.k}"
 
@@ -98,10 +102,6 @@ def train_sae(
         out_dir: where to save (default :func:`default_sae_dir`).
         device: training device.
     """
-    from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
-    from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
-
-    from tl_query_lens.hooks import check_hook, hook_dims
 
     check_hook(model, spec.hook_name)
     d_in = hook_dims(model, [spec.hook_name])[spec.hook_name]
@@ -153,8 +153,6 @@ def train_sae(
 
 def _whole_split(model: HookedTransformer, seq_len: int) -> torch.Tensor:
     """Every window of the embedded train split (disjoint from calibration and evaluation by document hash)."""
-    from tl_query_lens.corpus import load_corpus
-
     try:
         return load_corpus("embedded", model, n_seqs=10**9, seq_len=seq_len, split="train")
     except ValueError as err:  # the message states how many windows the split holds

@@ -32,6 +32,7 @@ import logging
 import math
 import random
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import stop_layer
 from tl_query_lens.results import SavableResult
 
@@ -142,6 +144,31 @@ class AbsorptionResult(SavableResult):
     probe_hook: str
     code_hook: str
     note: str = ""
+
+    title: ClassVar[str] = "First-letter absorption"
+
+    def tables(self) -> dict[str, Table]:
+        """``per_letter``: probe F1, absorption, full absorption, true positives and main latents per letter."""
+        columns = {
+            "letter": str,
+            "probe_f1": float,
+            "absorption_fraction": float,
+            "full_absorption": float,
+            "n_true_positives": int,
+            "main_latents": str,
+        }
+        rows = (
+            [
+                str(letter),
+                d["probe_f1"],
+                d["absorption_fraction"],
+                d["full_absorption"],
+                d["n_true_positives"],
+                " ".join(str(i) for i in d["main_latents"]),
+            ]
+            for letter, d in self.per_letter.items()
+        )
+        return {"per_letter": Table.build(columns, rows)}
 
 
 def first_letter_words(tokenizer, n_words: int, seed: int = 0) -> list[tuple[int, str]]:

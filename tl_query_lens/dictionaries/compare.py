@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 from jaxtyping import Int
@@ -27,6 +28,7 @@ from tl_query_lens.dictionaries.faithfulness import FaithfulnessConfig, transcod
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.dictionaries.splice import splice_metrics
+from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -85,20 +87,21 @@ class DictionaryComparison(SavableResult):
     config: dict
     times: dict
 
-    COLUMNS = (
-        "label",
-        "model",
-        "kind",
-        "layer",
-        "alive_rate",
-        "mean_l0",
-        "explained_variance",
-        "ce_delta",
-        "kl",
-        "absorption_fraction",
-        "full_absorption",
-        "absorption_letters",
-    )
+    COLUMN_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
+        "label": str,
+        "model": str,
+        "kind": str,
+        "layer": (int, None),
+        "alive_rate": float,
+        "mean_l0": float,
+        "explained_variance": float,
+        "ce_delta": float,
+        "kl": float,
+        "absorption_fraction": (float, None),
+        "full_absorption": (float, None),
+        "absorption_letters": (int, None),
+    }
+    COLUMNS = tuple(COLUMN_TYPES)
     FAITHFULNESS_COLUMNS = (
         "label",
         "layer",
@@ -119,6 +122,24 @@ class DictionaryComparison(SavableResult):
 
     def faithfulness_table(self) -> list[list]:
         return [[row.get(c) for c in self.FAITHFULNESS_COLUMNS] for row in self.faithfulness]
+
+    FAITHFULNESS_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
+        "label": str,
+        "layer": (int, None),
+        **dict.fromkeys(FAITHFULNESS_COLUMNS[2:], float),
+    }
+    title: ClassVar[str] = "Dictionaries compared (FF-KV paper)"
+
+    def scalars(self) -> dict[str, float]:
+        """Seconds per stage (``seconds/{stage}``); the per-dictionary numbers are in the tables."""
+        return {f"seconds/{k}": float(v) for k, v in self.times.items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``comparison``: one row per dictionary; ``faithfulness``: one row per transcoder (and control)."""
+        return {
+            "comparison": Table.build(self.COLUMN_TYPES, self.table()),
+            "faithfulness": Table.build(self.FAITHFULNESS_TYPES, self.faithfulness_table()),
+        }
 
 
 def dictionary_kind(sae: SAE) -> str:

@@ -1,4 +1,4 @@
-"""FF-KV: a transformer MLP's key–value memories as a training-free SAELens dictionary (DESIGN §3, arXiv 2510.22332).
+"""FF-KV: a transformer MLP's key–value memories as a training-free SAELens dictionary (docs/design.md §3, arXiv 2510.22332).
 
 GELU MLP: a = act(x W_in + b_in); SwiGLU: a = silu(x W_gate) ⊙ (x W_in) + b_in (TL ``mlp.hook_post``; TL adds
 the gated MLP's b_in after the product, zero for Llama-style models);

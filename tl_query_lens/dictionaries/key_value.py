@@ -1,4 +1,4 @@
-"""One key–value view of any sparse dictionary (DESIGN §3): keys read, values write.
+"""One key–value view of any sparse dictionary (docs/design.md §3): keys read, values write.
 
 A feature i fires on ``a_i = act(⟨k_i, x⟩ + b_enc_i)`` at the read hook and adds ``a_i · v_i`` at the write hook.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -14,9 +14,11 @@ from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
 
@@ -168,17 +170,18 @@ class FFKVSummary(SavableResult):
     sparse: dict[int, SpliceMetrics]
     dense: dict[int, SpliceMetrics] = field(default_factory=dict)
 
-    COLUMNS = (
-        "layer",
-        "alive_rate_vanilla",
-        "alive_rate_topk",
-        "mean_l0_topk",
-        "ev_vanilla",
-        "ev_topk",
-        "ce_clean",
-        "ce_delta_topk",
-        "kl_topk",
-    )
+    COLUMN_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
+        "layer": int,
+        "alive_rate_vanilla": (float, None),
+        "alive_rate_topk": float,
+        "mean_l0_topk": float,
+        "ev_vanilla": (float, None),
+        "ev_topk": float,
+        "ce_clean": float,
+        "ce_delta_topk": float,
+        "kl_topk": float,
+    }
+    COLUMNS = tuple(COLUMN_TYPES)
 
     def rows(self) -> list[list]:
         """One row per layer, columns :attr:`COLUMNS` (vanilla columns None without ``dense``)."""
@@ -205,6 +208,36 @@ class FFKVSummary(SavableResult):
             return name
         return f"layer{key}" if name == "sparse" else f"layer{key}_vanilla"
 
+    title: ClassVar[str] = "FF-KV dictionaries: splice metrics per layer"
+
+    def scalars(self) -> dict[str, float]:
+        """``layer{L}/{metric}`` of the TopK splice (``layer{L}/vanilla/{metric}`` of the vanilla one)."""
+        out: dict[str, float] = {}
+        for layer, m in self.sparse.items():
+            out.update(numeric_fields(m, prefix=f"layer{layer}/"))
+        for layer, m in self.dense.items():
+            out.update(numeric_fields(m, prefix=f"layer{layer}/vanilla/"))
+        return out
+
+    def tables(self) -> dict[str, Table]:
+        """``per_layer``: one row per layer (vanilla columns empty without ``dense``)."""
+        return {"per_layer": Table.build(self.COLUMN_TYPES, self.rows())}
+
+    def figures(self) -> dict[str, Any]:
+        """``per_layer``: explained variance and CE change of the TopK splice per layer."""
+        import plotly.graph_objects as go
+
+        layers = list(self.sparse)
+        fig = go.Figure()
+        fig.add_trace(
+            go.Bar(x=layers, y=[m.explained_variance for m in self.sparse.values()], name="explained variance")
+        )
+        fig.add_trace(go.Bar(x=layers, y=[m.ce_delta for m in self.sparse.values()], name="CE change (nats)"))
+        fig.update_layout(
+            title=f"FF-KV TopK-{self.k} splice per layer", xaxis_title="layer", barmode="group", template="plotly_white"
+        )
+        return {"per_layer": fig}
+
 
 def ffkv_summary(
     model: HookedSAETransformer,
@@ -215,8 +248,6 @@ def ffkv_summary(
     **overrides: Any,
 ) -> FFKVSummary:
     """Splice the TopK-k (and the vanilla) FF-KV dictionary of each layer and measure it on ``tokens``."""
-    from tl_query_lens.dictionaries.ffkv import FFKV
-
     cfg = resolve_config(FFKVSummaryConfig, cfg, overrides)
     sparse, dense = {}, {}
     for layer in tqdm(list(layers), desc="FF-KV layers", leave=False):

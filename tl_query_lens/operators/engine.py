@@ -1,4 +1,4 @@
-"""The transition-operator engine: corpus-mean Jacobians between hook points by batched sweeps (DESIGN §4).
+"""The transition-operator engine: corpus-mean Jacobians between hook points by batched sweeps (docs/design.md §4).
 
 Every operator is ``O = (1/|T|) Σ_{t∈T} Σ_s ∂h_dst[t]/∂h_src[s]``: a tangent broadcast to every position ``s`` of the
 source hook (cross-position terms kept), read at the valid positions ``t ∈ T`` (all positions ``≥ skip_positions``) of
@@ -346,7 +346,7 @@ def value_operators(
     max_memory_gb: float | None = None,
     destination: str | None = None,
 ) -> OperatorSet:
-    """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
+    """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (docs/design.md §4).
 
     ``Δh_final ≈ M_src @ v`` for a direction ``v`` added at every position of ``src``; h_final is
     ``blocks.{L-1}.hook_resid_post`` (before the final norm). ``direction="reverse"`` (default) gets all sources from
@@ -423,7 +423,7 @@ def key_operators(
     basis: Float[torch.Tensor, "n d_dst"] | None = None,
     max_memory_gb: float | None = None,
 ) -> OperatorSet:
-    """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
+    """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (docs/design.md §4).
 
     ``Δh_dst ≈ N_dst @ δe`` for ``δe`` added to the embedding of every position. ``direction="forward"`` (default)
     reaches all destinations in one JVP sweep with ``d_model`` tangents; ``"reverse"`` runs one backward sweep per
@@ -480,7 +480,7 @@ def module_operators(
 ) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
     the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
-    ``[d_model, d_model]`` (DESIGN §4–5).
+    ``[d_model, d_model]`` (docs/design.md §4–5).
 
     Sequential blocks: J̄_A^k = ∂attn_out_k/∂resid_pre_k, J̄_M^k = ∂mlp_out_k/∂resid_mid_k. Parallel blocks
     (``parallel_attn_mlp``: GPT-J, GPT-NeoX/Pythia) have no resid_mid: both modules read the block input, so

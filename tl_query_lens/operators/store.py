@@ -1,4 +1,4 @@
-"""OperatorSet: corpus sums of transition operators with the metadata needed to reuse, resume and merge them (DESIGN §4).
+"""OperatorSet: corpus sums of transition operators with the metadata needed to reuse, resume and merge them (docs/design.md §4).
 
 An operator is stored as the SUM over valid tokens T of the per-token Jacobian (summed over source positions, i.e. a
 tangent broadcast to every position) plus the token count |T|, in fp32. The corpus mean ``sums / count`` is what

@@ -1,4 +1,4 @@
-"""Subspace channels: low-rank maps from a layer's value features to each downstream module's response (DESIGN §5).
+"""Subspace channels: low-rank maps from a layer's value features to each downstream module's response (docs/design.md §5).
 
 For N value features v of source layer l and every downstream module k > l (attention and MLP of block k), the
 response is r^{l→k} = J̄^k v, with J̄^k the corpus-mean Jacobian of the module's output w.r.t. its input
@@ -18,15 +18,18 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
+from tl_query_lens.operators import module_operators
+from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -227,6 +230,35 @@ class ChannelAnalysis(SavableResult):
     summary: dict
     config: dict = field(default_factory=dict)
 
+    METRICS: ClassVar[tuple[str, ...]] = ("mse", "rel_l2", "cosine", "explained_energy", "train_mse")
+    title: ClassVar[str] = "Subspace channels"
+
+    def scalars(self) -> dict[str, float]:
+        """``{fit}/{ol_same, ol_different, auc, p_value, n_same, n_different, ol_random}`` per fit."""
+        return {f"{fit}/{k}": float(v) for fit, s in self.summary.items() for k, v in s.items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``channel_metrics``: one row per (channel, fit), the held-out metrics."""
+        columns = {"channel": str, "fit": str, **dict.fromkeys(self.METRICS, float)}
+        rows = (
+            [name, fit, *(m[name][c] for c in self.METRICS)]
+            for fit, m in self.metrics.items()
+            for name in self.channels
+        )
+        return {"channel_metrics": Table.build(columns, rows)}
+
+    def figures(self) -> dict[str, Any]:
+        """``overlap_{fit}``: the channel-overlap matrix OL of each fit."""
+        import plotly.graph_objects as go
+
+        figures = {}
+        for fit, overlap in self.overlaps.items():
+            heatmap = go.Heatmap(z=overlap, x=self.channels, y=self.channels, colorscale="Viridis", zmin=0, zmax=1)
+            figure = go.Figure(heatmap)
+            figure.update_layout(title=f"Channel overlap OL ({fit}, rank {self.rank})")
+            figures[f"overlap_{fit}"] = figure
+        return figures
+
 
 def channel_analysis(
     values_by_source: Mapping[int, Float[torch.Tensor, "n d_model"]],
@@ -365,8 +397,6 @@ def subspace_channels(
         tokens: corpus of the module operators (train split).
         cfg / overrides: :class:`SubspaceChannelsConfig` (keyword overrides replace single fields).
     """
-    from tl_query_lens.dictionaries.key_value import as_key_value
-    from tl_query_lens.operators import module_operators
 
     cfg = resolve_config(SubspaceChannelsConfig, cfg, overrides)
     if not dictionaries:

@@ -1,4 +1,4 @@
-"""The evaluation protocol of the Query Lens paper's Table 1: input and output scores of token signatures (DESIGN §5).
+"""The evaluation protocol of the Query Lens paper's Table 1: input and output scores of token signatures (docs/design.md §5).
 
 Input score I(T): share of a feature's max-activating tokens (top token of each of its N most-activating corpus
 contexts) whose normalised string is in T. Output score O(T) = |S ∩ T| / |S|, S = the 25 tokens whose rank percentile
@@ -12,29 +12,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
-from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
+from tl_query_lens.protocols import ProtocolName, resolve_protocol
 from tl_query_lens.query_lens.max_activating import (
     MaxActivations,
-    input_scores,
     max_activating_contexts,
     output_scores,
-    view_start_layer,
 )
-from tl_query_lens.query_lens.paper_protocol import input_scores_paper, integer_alphas, steering_rise
+from tl_query_lens.query_lens.protocols import PROTOCOLS
+from tl_query_lens.query_lens.protocols.tlql import kl_matched_alphas, steering_top_tokens  # noqa: F401  (re-exported)
 from tl_query_lens.query_lens.steering import (
     NEUTRAL_PROMPTS,
-    TeacherForced,
     clamp_signatures,
-    kl_per_row,
     sample_continuations,
     zero_ablation_signatures,
 )
@@ -58,11 +57,12 @@ class EvaluationConfig:
         n_steered: |S|, tokens kept from the steering rank-percentile rise (paper: 25).
         baselines: baselines computed here and scored like the given methods ("ZO", "TC").
         tc_values: clamp values of the TC baseline.
-        protocol: ``"per-target"`` (this project's: one S per KL target, ranks over prompt and generated positions,
+        protocol: ``"tlql"`` (this project's, formerly ``"per-target"``; :mod:`~tl_query_lens.query_lens.protocols.tlql`:
+            one S per KL target, ranks over prompt and generated positions,
             α by geometric bracketing + bisection on clean continuations, strings stripped and lower-cased) or
             ``"paper"`` (the authors' code: one S over both targets, ranks over generated positions only, integer α
             in [1, 1000] with KL on the prompts, TC at α = 10 only, ▁/Ġ/Ċ-only normalisation; see
-            :mod:`tl_query_lens.query_lens.paper_protocol`). Under ``"paper"`` every output column holds the score of
+            :mod:`tl_query_lens.query_lens.protocols.paper`). Under ``"paper"`` every output column holds the score of
             the one shared S.
     """
 
@@ -76,13 +76,12 @@ class EvaluationConfig:
     n_steered: int = 25
     baselines: tuple[str, ...] = ("ZO", "TC")
     tc_values: tuple[float, ...] = (1.0, 5.0, 10.0)
-    protocol: Literal["per-target", "paper"] = "per-target"
+    protocol: ProtocolName = "tlql"
 
     def __post_init__(self) -> None:
-        if self.protocol not in ("per-target", "paper"):
-            raise ValueError(f"protocol must be 'per-target' or 'paper', got {self.protocol!r}.")
-        if self.protocol == "paper":
-            self.tc_values = (10.0,)  # the authors' TC clamps at α = 10 only
+        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
+        if PROTOCOLS[self.protocol].TC_VALUES is not None:
+            self.tc_values = PROTOCOLS[self.protocol].TC_VALUES  # the authors' TC clamps at α = 10 only
         self.kl_targets, self.prompts = tuple(self.kl_targets), tuple(self.prompts)
         self.baselines, self.tc_values = tuple(self.baselines), tuple(self.tc_values)
         if self.n_contexts < 1 or self.n_generate < 1 or self.n_steps < 1 or self.n_steered < 1:
@@ -170,8 +169,6 @@ class SignatureEvaluation(SavableResult):
         Raises:
             UnknownNameError: a label that no feature carries (the message lists the labels present).
         """
-        from tl_query_lens.errors import UnknownNameError
-
         wanted = set(dictionaries)
         if not wanted or wanted - set(self.dictionaries):
             raise UnknownNameError(
@@ -231,108 +228,35 @@ class SignatureEvaluation(SavableResult):
             lines.append(f"| {r['method']} | " + " | ".join(cells) + f" | {f'{ref[0]} / {ref[1]}' if ref else '—'} |")
         return "\n".join(lines)
 
+    title: ClassVar[str] = "Signature evaluation (input / output scores)"
 
-@torch.no_grad()
-def kl_matched_alphas(
-    model: HookedTransformer,
-    dictionary,
-    features: Int[torch.Tensor, " n"],
-    sequences: Sequence[Int[torch.Tensor, " pos"]],
-    kl_targets: Sequence[float],
-    *,
-    init: Float[torch.Tensor, " n"] | None = None,
-    n_steps: int = 8,
-    growth: float = 4.0,
-    max_growth_steps: int = 8,
-) -> tuple[Float[torch.Tensor, "n_targets n"], Float[torch.Tensor, "n_targets n"]]:
-    """Clamp values α ≥ 0 with KL(clean ‖ steered) ≈ target, all features and targets in one batch (DESIGN §5).
+    def scalars(self) -> dict[str, float]:
+        """Per method, the mean input and output scores (``{method}/input``, ``{method}/output@{target}``); per KL
+        target, the mean clamp value and achieved KL (``steering/mean_alpha@{target}``, ``…/mean_achieved_kl@…``)."""
+        out: dict[str, float] = {}
+        for m, name in enumerate(self.methods):
+            out[f"{name}/input"] = float(self.input_scores[m].double().mean())
+            for t, target in enumerate(self.kl_targets):
+                out[f"{name}/output@{target:g}"] = float(self.output_scores[m, t].double().mean())
+        for t, target in enumerate(self.kl_targets):
+            out[f"steering/mean_alpha@{target:g}"] = float(self.alphas[t].double().mean())
+            out[f"steering/mean_achieved_kl@{target:g}"] = float(self.achieved_kl[t].double().mean())
+        return out
 
-    KL is averaged over positions of the teacher-forced ``sequences`` and then over sequences. The bracket [0, hi]
-    grows hi by ``growth`` (from ``init``, e.g. the max corpus activation) until KL(hi) ≥ target, then ``n_steps``
-    bisection steps follow; the α whose KL is closest to the target (in log ratio) among all evaluated is returned.
-
-    Returns:
-        (alphas, kls), both ``[n_targets, n]``.
-    """
-    view = as_key_value(dictionary, model)
-    start = view_start_layer(view)
-    runs = [TeacherForced(model, s[None], start) for s in sequences]
-    n, n_t = len(features), len(kl_targets)
-    feats = features.repeat(n_t)
-    target = torch.tensor(list(kl_targets), dtype=torch.float32).repeat_interleave(n)
-
-    def kl_at(rows: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-        total = torch.zeros(len(rows))
-        for run in runs:
-            steered = run.steered_logprobs(view, feats[rows], alpha, torch.zeros(len(rows), dtype=torch.long))
-            total += kl_per_row(run.logprobs, steered).cpu()
-        return total / len(runs)
-
-    best_alpha, best_err = torch.zeros(n * n_t), torch.full((n * n_t,), float("inf"))
-    best_kl = torch.full((n * n_t,), float("nan"))
-
-    def record(rows: torch.Tensor, alpha: torch.Tensor, kl: torch.Tensor) -> None:
-        err = (kl.clamp_min(1e-12) / target[rows]).log().abs()
-        better = err < best_err[rows]
-        best_err[rows[better]], best_alpha[rows[better]], best_kl[rows[better]] = err[better], alpha[better], kl[better]
-
-    init = torch.ones(n) if init is None else init.float().abs().clamp_min(1e-3)
-    lo, hi = torch.zeros(n * n_t), init.repeat(n_t).clone()
-    todo = torch.arange(n * n_t)
-    for _ in range(max_growth_steps):
-        kl = kl_at(todo, hi[todo])
-        record(todo, hi[todo], kl)
-        low = kl < target[todo]
-        lo[todo[low]] = hi[todo[low]]
-        todo = todo[low]
-        if not len(todo):
-            break
-        hi[todo] *= growth
-    if len(todo):
-        logger.warning(
-            "%d (feature, target) pairs never reached their KL target; α capped at %s", len(todo), hi[todo].tolist()[:5]
-        )
-    rows = torch.arange(n * n_t)
-    for _ in tqdm(range(n_steps), desc="α bisection", leave=False):
-        mid = (lo + hi) / 2
-        kl = kl_at(rows, mid)
-        record(rows, mid, kl)
-        below = kl < target
-        lo = torch.where(below, mid, lo)
-        hi = torch.where(below, hi, mid)
-    return best_alpha.reshape(n_t, n), best_kl.reshape(n_t, n)
-
-
-@torch.no_grad()
-def steering_top_tokens(
-    model: HookedTransformer,
-    dictionary,
-    features: Int[torch.Tensor, " n"],
-    alphas: Float[torch.Tensor, " n"],
-    prompts: Sequence[Int[torch.Tensor, " pos"]],
-    *,
-    n_generate: int = 20,
-    temperature: float = 0.75,
-    seed: int = 0,
-    n_steered: int = 25,
-) -> tuple[Int[torch.Tensor, "n n_steered"], Float[torch.Tensor, " n"]]:
-    """S: the tokens whose rank percentile rises most under steering, and the KL reached on the steered text.
-
-    Each prompt is continued by sampling with feature i clamped to α_i on prompt and generated positions; the rise is
-    pct_steered − pct_clean, both teacher-forced on those same tokens, averaged over positions and prompts.
-    """
-    rise, kl = steering_rise(
-        model,
-        as_key_value(dictionary, model),
-        features,
-        alphas,
-        prompts,
-        n_generate=n_generate,
-        temperature=temperature,
-        seed=seed,
-        positions="all",
-    )
-    return rise.topk(n_steered, dim=-1).indices, kl
+    def tables(self) -> dict[str, Table]:
+        """``summary``: :meth:`summary` (percent, bootstrap CIs), one row per method; ``per_feature``:
+        :meth:`per_feature_table`."""
+        summary = self.summary()
+        keys = list(summary[0]) if summary else ["method", "n_features"]
+        types = {"method": str, "n_features": int} | {k: float for k in keys[2:]}
+        columns, rows = self.per_feature_table()
+        feature_types = {
+            c: (str if c == "dictionary" else int if c in ("layer", "feature") else float) for c in columns
+        }
+        return {
+            "summary": Table.build(types, ([r[k] for k in keys] for r in summary)),
+            "per_feature": Table.build(feature_types, rows),
+        }
 
 
 def evaluate_signatures(
@@ -348,7 +272,7 @@ def evaluate_signatures(
     cfg: EvaluationConfig | None = None,
     **overrides: Any,
 ) -> SignatureEvaluation:
-    """Table-1 input and output scores of token signatures of one dictionary's features (DESIGN §5).
+    """Table-1 input and output scores of token signatures of one dictionary's features (docs/design.md §5).
 
     Args:
         model: the model the dictionary belongs to.
@@ -363,6 +287,7 @@ def evaluate_signatures(
             temperature, seed, ...) replace single fields.
     """
     cfg = resolve_config(EvaluationConfig, cfg, overrides)
+    protocol = PROTOCOLS[cfg.protocol]
     view = as_key_value(dictionary, model)
     features = view.feature_ids(features)
     methods = _check_methods(methods, len(features), model.cfg.d_vocab)
@@ -392,42 +317,17 @@ def evaluate_signatures(
         cfg.kl_targets,
         cfg.protocol,
     )
-    if cfg.protocol == "paper":
-        steered, achieved, alphas, search_kl = _paper_steering(model, view, features, prompts, cfg, _k(methods))
-    else:
-        alphas, search_kl = kl_matched_alphas(
-            model,
-            view,
-            features,
-            clean_text,
-            cfg.kl_targets,
-            init=contexts.activation[features, 0],
-            n_steps=cfg.n_steps,
-        )
-        steered, achieved = [], []
-        for t in range(len(cfg.kl_targets)):
-            top, kl = steering_top_tokens(
-                model,
-                view,
-                features,
-                alphas[t],
-                prompts,
-                n_generate=cfg.n_generate,
-                temperature=cfg.temperature,
-                seed=cfg.seed + 1 + t,
-                n_steered=cfg.n_steered,
-            )
-            steered.append(top)
-            achieved.append(kl)
+    steered, achieved, alphas, search_kl = protocol.steering(
+        model, view, features, prompts, clean_text, contexts, cfg, _k(methods)
+    )
     names = list(methods)
     top_tokens = contexts.token[features]
-    score_input = input_scores_paper if cfg.protocol == "paper" else input_scores
     return SignatureEvaluation(
         methods=names,
         features=features,
         layers=torch.full_like(features, view.layer if view.layer is not None else -1),
         kl_targets=list(cfg.kl_targets),
-        input_scores=torch.stack([score_input(tokenizer, top_tokens, methods[m]) for m in names]),
+        input_scores=torch.stack([protocol.input_scores(tokenizer, top_tokens, methods[m]) for m in names]),
         output_scores=torch.stack([torch.stack([output_scores(s, methods[m]) for s in steered]) for m in names]),
         alphas=alphas,
         search_kl=search_kl,
@@ -436,29 +336,6 @@ def evaluate_signatures(
         signature_ids=_pad_stack([methods[m] for m in names]),
         config={**cfg.__dict__, "corpus_fingerprint": contexts.corpus_fingerprint, "read_hook": view.read_hook},
     )
-
-
-def _paper_steering(model, view, features, prompts, cfg: EvaluationConfig, k: int):
-    """The authors' output side: integer α per target (KL on the prompts), one S = top-k of the rise averaged over
-    the targets, ranks over generated positions; the same S fills every target's row."""
-    alphas, search_kl = integer_alphas(model, view, features, prompts, cfg.kl_targets)
-    rises, achieved = [], []
-    for t in range(len(cfg.kl_targets)):
-        rise, kl = steering_rise(
-            model,
-            view,
-            features,
-            alphas[t].float(),
-            prompts,
-            n_generate=cfg.n_generate,
-            temperature=cfg.temperature,
-            seed=cfg.seed + 1 + t,
-            positions="generated",
-        )
-        rises.append(rise)
-        achieved.append(kl)
-    shared = torch.stack(rises).mean(0).topk(k, dim=-1).indices  # |S| = |T|, as in the authors' code
-    return [shared] * len(cfg.kl_targets), achieved, alphas.float(), search_kl
 
 
 def _pad_stack(ids: list[torch.Tensor]) -> torch.Tensor:

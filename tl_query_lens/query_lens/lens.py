@@ -1,4 +1,4 @@
-"""QueryLens: key and value signatures of every feature of a dictionary by matmuls over corpus operators (DESIGN §5).
+"""QueryLens: key and value signatures of every feature of a dictionary by matmuls over corpus operators (docs/design.md §5).
 
 Add to a TransformerLens script::
 
@@ -6,7 +6,7 @@ Add to a TransformerLens script::
     sig = lens.value_signatures(sae, k=25)          # or lens.key_signatures(sae)
     print(sig.top_strings[0])
 
-Formulas (DESIGN §5, arXiv 2606.07617 §3):
+Formulas (docs/design.md §5, arXiv 2606.07617 §3):
 
 * LL_VALUE ``W_U·LN_f(v)``; LL_KEY ``E·k`` (raw).
 * QL_VALUE full ``s = W_U·LN_f(M_l v) + b_U``, ``M_l`` the value operator of the dictionary's value hook.
@@ -240,7 +240,7 @@ class QueryLens:
         method: ValueMethod = "full",
         basis: Basis | None = None,
     ) -> Signatures:
-        """What each feature promotes: top/bottom-k tokens of its value signature (DESIGN §5)."""
+        """What each feature promotes: top/bottom-k tokens of its value signature (docs/design.md §5)."""
         view, ids = self._view(dictionary, features, k)
         raw, terms, names = self._value_terms(view, ids, method, basis)
         directions = self._final_norm(raw)
@@ -272,7 +272,7 @@ class QueryLens:
         method: KeyMethod = "full",
         basis: Basis | None = None,
     ) -> Signatures:
-        """What activates each feature: top/bottom-k tokens of its key signature (DESIGN §5)."""
+        """What activates each feature: top/bottom-k tokens of its key signature (docs/design.md §5)."""
         view, ids = self._view(dictionary, features, k)
         if method == "logit_lens":
             keys = view.keys[ids].to(self.model.cfg.device, torch.float32)

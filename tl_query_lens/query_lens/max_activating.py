@@ -1,4 +1,4 @@
-"""Max-activating corpus contexts of dictionary features and the Table-1 input score (DESIGN §5).
+"""Max-activating corpus contexts of dictionary features and the Table-1 input score (docs/design.md §5).
 
 A *context* is one corpus sequence (a fixed-length window); its activation is the feature's maximum over positions
 and its *top token* is the token at the argmax position. The input score of a token set T is the share of the top
@@ -62,6 +62,13 @@ class MaxActivations(SavableResult):
     @property
     def n_contexts(self) -> int:
         return int(self.seq.shape[1])
+
+    def scalars(self) -> dict[str, float]:
+        """Features, contexts per feature, and features active somewhere in the corpus (when recorded)."""
+        out = {"n_features": float(self.seq.shape[0]), "n_contexts": float(self.n_contexts)}
+        if self.n_active.numel():
+            out["n_features_active"] = float((self.n_active > 0).sum())
+        return out
 
 
 @torch.no_grad()
@@ -135,7 +142,7 @@ def input_scores(
     top_tokens: Int[torch.Tensor, "n_features n_contexts"],
     signature_ids: Int[torch.Tensor, "n_features k"],
 ) -> Float[torch.Tensor, " n_features"]:
-    """Input score I(T) per feature: share of max-activating top tokens whose normalised string is in T (DESIGN §5).
+    """Input score I(T) per feature: share of max-activating top tokens whose normalised string is in T (docs/design.md §5).
 
     Args:
         tokenizer: decodes ids to strings.
@@ -163,7 +170,7 @@ def output_scores(
     steered_top: Int[torch.Tensor, "n_features s"],
     signature_ids: Int[torch.Tensor, "n_features k"],
 ) -> Float[torch.Tensor, " n_features"]:
-    """Output score O(T) = |S ∩ T| / |S| per feature, by token id (S = the steering top tokens, DESIGN §5)."""
+    """Output score O(T) = |S ∩ T| / |S| per feature, by token id (S = the steering top tokens, docs/design.md §5)."""
     if steered_top.shape[0] != signature_ids.shape[0]:
         raise ValueError("steered_top and signature_ids must have one row per feature, in the same order.")
     return torch.tensor(

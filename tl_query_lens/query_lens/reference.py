@@ -1,6 +1,6 @@
 """The paper's per-feature Query Lens, written plainly: chained JVP / VJP block by block for ONE feature.
 
-This is the independent reference the engine is tested and benchmarked against (arXiv 2606.07617 §3; DESIGN §5).
+This is the independent reference the engine is tested and benchmarked against (arXiv 2606.07617 §3; docs/design.md §5).
 It shares no code with ``tl_query_lens.operators``: it rebuilds the clean residual stream by calling
 ``model.embed`` / ``model.pos_embed`` / ``model.blocks[k]`` itself and pushes ONE tangent (value side) or ONE cotangent
 (key side) through the blocks with ``torch.func.jvp`` / ``torch.func.vjp``. Cost per feature ≈ (L − l) block JVPs
@@ -210,7 +210,7 @@ def query_lens_reference(
     skip_positions: int = 0,
     clean: list[torch.Tensor] | None = None,
 ) -> Float[torch.Tensor, " d_vocab"]:
-    """Full-vocabulary Query Lens scores of ONE feature, computed per feature (DESIGN §5).
+    """Full-vocabulary Query Lens scores of ONE feature, computed per feature (docs/design.md §5).
 
     value/full: ``s = W_U·LN_f(M_l v) + b_U``; value/first_order: ``s = W_U·LN_f(v + Σ_{k>l}(J̄_A^k + J̄_M^k) v)``;
     a post-norm FF-KV (``view.value_source``) pushes ``e_i / act_scale_i`` from ``mlp.hook_post`` instead of ``v``,

@@ -8,12 +8,13 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
 
 @dataclass
 class Signatures(SavableResult):
-    """Key or value signatures of ``n_features`` features (DESIGN §5).
+    """Key or value signatures of ``n_features`` features (docs/design.md §5).
 
     Scores of feature i over the vocabulary are ``readout(directions[i])``: for ``readout="unembed"`` that is
     ``directions[i] @ W_U`` (``+ b_U`` when ``add_bias``), for ``"embed"`` ``W_E @ directions[i]`` (raw LL_KEY), for
@@ -30,7 +31,7 @@ class Signatures(SavableResult):
         bottom_ids / bottom_scores: ``[n_features, k]`` lowest-scoring tokens, lowest first.
         directions: ``[n_features, d_model]`` vectors the readout scores (after LN_f on the value side).
         readout: how directions become vocabulary scores (see above).
-        add_bias: whether ``b_U`` is added (value/full only, per DESIGN §5).
+        add_bias: whether ``b_U`` is added (value/full only, docs/design.md §5).
         center: mean embedding c of the corpus tokens (``embed_centred`` readout), else None.
         top_strings / bottom_strings: decoded tokens when the model has a tokenizer.
         module_names / module_shares: first-order decomposition (``method="first_order"``): share of the top-k scores
@@ -135,6 +136,16 @@ class Signatures(SavableResult):
         finally:
             self._model = model
 
+    def scalars(self) -> dict[str, float]:
+        """How many features, the list length k and the corpus tokens behind the operators."""
+        return {"n_features": float(len(self)), "k": float(self.k), "n_tokens": float(self.n_tokens)}
+
+    def tables(self) -> dict[str, Table]:
+        """``signatures``: one row per feature, its top / bottom tokens and scores (per-module shares when known)."""
+        columns, rows = self.to_table()
+        types: dict[str, type] = {"feature": int, **dict.fromkeys(columns[1:8], str)}
+        return {"signatures": Table.build(types | {c: float for c in columns[8:]}, rows)}
+
 
 def _numbers(values: torch.Tensor) -> str:
     return ", ".join(f"{x:.4g}" for x in values.tolist())
@@ -162,6 +173,6 @@ def readout_scores(
 
 
 def centred_embeddings(model: HookedTransformer, center: torch.Tensor) -> Float[torch.Tensor, "d_vocab d_model"]:
-    """``(e_t − c)/‖e_t − c‖`` for every token t (DESIGN §5, QL_KEY)."""
+    """``(e_t − c)/‖e_t − c‖`` for every token t (docs/design.md §5, QL_KEY)."""
     centred = model.W_E.float() - center.to(model.W_E.device, torch.float32)
     return centred / centred.norm(dim=-1, keepdim=True).clamp_min(1e-12)

@@ -1,4 +1,4 @@
-"""Feature clamping with the error term kept, KL-matched steering and the ZO / TC baselines (DESIGN §5).
+"""Feature clamping with the error term kept, KL-matched steering and the ZO / TC baselines (docs/design.md §5).
 
 Clamping feature i to α adds (α − a_i(x))·v_i at the dictionary's write hook on every position, where a_i(x) is the
 feature's activation on the current input: the spliced dictionary with its error term, edited in one feature.

@@ -1,5 +1,5 @@
 """The Query Lens paper's Table-1 protocol as one function: signatures of sampled features of several dictionaries by
-every method, scored by :func:`~tl_query_lens.query_lens.evaluation.evaluate_signatures` (DESIGN §5).
+every method, scored by :func:`~tl_query_lens.query_lens.evaluation.evaluate_signatures` (docs/design.md §5).
 
 Departures from the paper are the CPU-sized corpora (see docs/query_lens_evaluation.md); the method set is
 :data:`~tl_query_lens.query_lens.lens.SIGNATURE_METHODS` plus the ZO / TC baselines of :class:`EvaluationConfig`.
@@ -19,9 +19,12 @@ from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.evaluation import EvaluationConfig, SignatureEvaluation, evaluate_signatures
 from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
+from tl_query_lens.query_lens.protocols.paper import up_projection_key_view
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +117,6 @@ def evaluate_table1(
     start = time.perf_counter()
     up_views = {}
     if cfg.up_key:
-        from tl_query_lens.dictionaries.key_value import as_key_value
-        from tl_query_lens.query_lens.paper_protocol import up_projection_key_view
-
         # the authors' SwiGLU key exists for FF-KV only: any other dictionary fails here, before any pass
         up_views = {label: up_projection_key_view(as_key_value(d, model), model) for label, d in dictionaries.items()}
     # Max-activating contexts first: the "active" selection reads them, and a dictionary with too few active
@@ -195,8 +195,6 @@ def select_features(
         OutOfRangeError: explicit ids beyond the dictionary's width.
         InputError: fewer eligible features than ``features_per_layer`` (the message says what to change).
     """
-    from tl_query_lens.dictionaries.key_value import as_key_value
-    from tl_query_lens.errors import InputError
 
     view = as_key_value(dictionary)
     if cfg.features is not None:

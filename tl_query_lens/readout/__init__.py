@@ -1,4 +1,4 @@
-"""Readout SAEs (Sparse Readout Prism, DESIGN §6): a sparse dictionary of the LM head's rows and exact score decomposition.
+"""Readout SAEs (Sparse Readout Prism, docs/design.md §6): a sparse dictionary of the LM head's rows and exact score decomposition.
 
 Importing this package registers the SAELens architecture ``"readout"`` and this project's readout releases, so
 ``SAE.load_from_disk(path)`` and ``SAE.from_pretrained("tlql-readout-<model>", sae_id)`` return a :class:`ReadoutSAE`.
@@ -17,6 +17,7 @@ from tl_query_lens.readout.decompose import (
     vocab_mean_contrast,
 )
 from tl_query_lens.readout.fit import ReadoutFit, ReadoutFitConfig, fit_readout
+from tl_query_lens.readout.protocols import readout_diagnostics
 from tl_query_lens.readout.registry import cached_sae_path, register_releases
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank, collect_states, logit_lens
@@ -40,6 +41,7 @@ __all__ = [
     "group_mean",
     "logit_lens",
     "margin",
+    "readout_diagnostics",
     "register_releases",
     "token_logit",
     "top1_vs_competitor",

@@ -1,4 +1,4 @@
-"""Row-geometry baselines under the readout SAE's μ / a_t accounting (DESIGN §6).
+"""Row-geometry baselines under the readout SAE's μ / a_t accounting (docs/design.md §6).
 
 Each baseline reconstructs the normalised rows x_t = (w_t − μ)/a_t by some summary of row geometry and returns
 ŵ_t = μ + a_t x̂_t, scored by :func:`tl_query_lens.readout.diagnostics.evaluate_reconstruction` like the SAE.

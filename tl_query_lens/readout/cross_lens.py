@@ -1,7 +1,7 @@
-"""Cross-lens check (DESIGN §6): do two Jacobian lenses fitted on different corpora share the dominant feature?
+"""Cross-lens check (docs/design.md §6): do two Jacobian lenses fitted on different corpora share the dominant feature?
 
 A Jacobian lens decodes a residual h at ``blocks.l.hook_resid_post`` as h̃ = LN_f(M_l h), with M_l the corpus-mean
-value operator of the operator engine (DESIGN §4; this module never computes Jacobians itself). Fit M_l on two
+value operator of the operator engine (docs/design.md §4; this module never computes Jacobians itself). Fit M_l on two
 corpora, decode the same frozen states under both, take each lens' own top-1 token t and its vocabulary-mean
 contrast score (α = e_t − 1/|V|), and compare the dominant readout features argmax_i |c_i|. Nulls: the dominant
 feature of lens B on a *different* state (shuffled pairing), and of lens B's score for a random other token.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tl_query_lens.primitives import cluster_bootstrap
 from tl_query_lens.readout.decompose import decompose_rows, vocab_mean_contrast
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
@@ -85,8 +86,6 @@ def cross_lens_check(
         operator_a, operator_b: value operators M_l fitted on two corpora.
         sequence: source sequence of each state (bootstrap clusters; default one cluster per state).
     """
-    from tl_query_lens.primitives import cluster_bootstrap
-
     check_compatible(sae, model)
     rows = unembedding_rows(model)
     b_U = model.b_U.detach().float()

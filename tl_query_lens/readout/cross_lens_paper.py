@@ -1,4 +1,4 @@
-"""Cross-lens check on a prompt bank, under the Sparse Readout Prism authors' protocol or this project's (DESIGN §6).
+"""Cross-lens check on a prompt bank, under the Sparse Readout Prism authors' protocol or this project's (docs/design.md §6).
 
 Two Jacobian lenses h̃ = LN_f(M_l h) (``M_l`` fitted on two corpora) decode the same frozen final-position residuals of
 a bank of prompts whose answer is one token. Per prompt, lens and layer, a score is decomposed into readout features
@@ -9,9 +9,10 @@ under both lenses (the bank's expected answer, or the model's own top-1); a prom
 dominates on at least ``min_votes`` (2) of the mid-band layers (4); nulls: the answer vs an unrelated token within
 lens A, and prompt i under lens A vs prompt j (another concept) under lens B, three seeded draws per prompt; controls
 are reported apart from the headline; Wilson intervals.
-``protocol="own-top1"`` (this project's ``cross_lens_check``): each lens scores its OWN top-1 token against the
+``protocol="tlql"`` (this project's ``cross_lens_check``; formerly ``"own-top1"``): each lens scores its OWN top-1 token against the
 vocabulary mean, per layer, no vote — a harder test, since the two lenses may pick different tokens.
-Both are computed on the same states and lenses; ``protocol`` picks the headline.
+Both are computed on the same states and lenses in one pass (they share the decompositions), so both live in this
+file rather than in ``readout/protocols/``; ``protocol`` picks the headline.
 """
 
 from __future__ import annotations
@@ -21,18 +22,20 @@ import math
 import random
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Float, Int
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import check_dictionary_finite
+from tl_query_lens.presentation import Table
+from tl_query_lens.protocols import ProtocolName, resolve_protocol
 from tl_query_lens.readout.cross_lens import jacobian_lens
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
 
-CrossLensProtocol = Literal["paper", "own-top1"]
+CrossLensProtocol = ProtocolName
 BANK_FILE = "cross_lens_prompts_en.json"
 # The authors' mid band on their model is layers 21/24/26/29 (late-middle); the same depth fractions here.
 MID_BAND_FRACTIONS = (0.68, 0.77, 0.84, 0.94)
@@ -92,7 +95,7 @@ class CrossLensConfig:
     """Options of :func:`cross_lens_prompts`.
 
     Attributes:
-        protocol: ``"paper"`` or ``"own-top1"`` (the headline; both are computed).
+        protocol: ``"paper"`` or ``"tlql"`` (formerly ``"own-top1"``; the headline; both are computed).
         layers: the mid band (default :func:`mid_band_layers`).
         target: the fixed token of the paper protocol: ``"answer"`` (the bank's) or ``"model-top1"`` (the model's own
             next-token prediction on the prompt).
@@ -108,8 +111,7 @@ class CrossLensConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.protocol not in ("paper", "own-top1"):
-            raise ValueError(f"protocol must be 'paper' or 'own-top1', got {self.protocol!r}.")
+        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
         if self.target not in ("answer", "model-top1"):
             raise ValueError(f"target must be 'answer' or 'model-top1', got {self.target!r}.")
         if self.min_votes < 1:
@@ -160,6 +162,14 @@ class CrossLensPromptResult(SavableResult):
     dominant_b: torch.Tensor
     passes: torch.Tensor
     config: dict[str, Any] = field(default_factory=dict)
+
+    title: ClassVar[str] = "Cross-lens agreement on a prompt bank"
+
+    def tables(self) -> dict[str, Table]:
+        """``per_group``: vote passes, prompts and pass rate per concept group."""
+        columns = {"group": str, "pass": int, "n": int, "rate": float}
+        rows = ([g, int(d["pass"]), int(d["n"]), d["rate"]] for g, d in self.per_group.items())
+        return {"per_group": Table.build(columns, rows)}
 
 
 @torch.no_grad()
@@ -253,7 +263,7 @@ def cross_lens_prompts(
     cfg: CrossLensConfig | None = None,
     **overrides: Any,
 ) -> CrossLensPromptResult:
-    """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (DESIGN §6, module docstring.)
+    """Do two Jacobian lenses attribute the same readout feature on a prompt bank? (docs/design.md §6, module docstring.)
 
     Args:
         model: the model (tokenizer, LN_f, W_U).

@@ -1,4 +1,4 @@
-"""Exact decomposition of a selected readout score into readout features (DESIGN §6, Sparse Readout Prism).
+"""Exact decomposition of a selected readout score into readout features (docs/design.md §6, Sparse Readout Prism).
 
 For a direction q_α = Σ_t α_t w_t and a decoded state h,
 
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.errors import InputTypeError, check_dictionary_finite, check_finite, check_outputs
-from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
+from tl_query_lens.presentation import Table
+from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, register_operation, unembedding_rows
 from tl_query_lens.readout.states import check_state
 from tl_query_lens.results import SavableResult
 
@@ -66,6 +67,53 @@ class Decomposition(SavableResult):
         c = self.contributions[index]
         idx = c.abs().topk(min(n, c.numel())).indices
         return [(int(i), float(c[i])) for i in idx]
+
+    title: ClassVar[str] = "Readout decomposition"
+
+    def scalars(self) -> dict[str, float]:
+        """For one state: exact, bias, Σc_i, residual and ρ₀; for several, their means (``mean_…``)."""
+        values = {
+            "exact": self.exact,
+            "bias": self.bias,
+            "sum_contributions": self.contributions.sum(-1),
+            "residual": self.residual,
+            "rho0": self.rho,
+        }
+        if self.exact.numel() == 1:
+            out = {k: float(v.reshape(-1)[0]) for k, v in values.items()}
+        else:
+            out = {f"mean_{k}": float(v.double().mean()) for k, v in values.items()}
+        return out | {"alpha_sum": float(self.alpha_sum)}
+
+    def tables(self) -> dict[str, Table]:
+        """``top_features``: for the first state, the features with the largest |c_i| (labels when known)."""
+        labels = {d["feature"]: d.get("label", "") for d in self.top_features if isinstance(d, dict) and "feature" in d}
+        columns = {"feature": int, "contribution": float, "beta": float, "projection": float, "label": str}
+        rows = [
+            [i, c, self.beta[i], self.projections[0, i], str(labels.get(i, ""))]
+            for i, c in (self.top(10) if self.contributions.numel() else [])
+        ]
+        return {"top_features": Table.build(columns, rows)}
+
+    def figures(self) -> dict[str, Any]:
+        """``waterfall``: bias, the top features, the other features and the residual adding up to the exact score
+        (first state)."""
+        import plotly.graph_objects as go
+
+        top = self.top(8) if self.contributions.numel() else []
+        labels = {d["feature"]: d.get("label", "") for d in self.top_features if isinstance(d, dict) and "feature" in d}
+        rest = float(self.contributions[0].sum()) - sum(c for _, c in top) if self.contributions.numel() else 0.0
+        names = ["shared bias", *(f"#{f} {labels.get(f, '')}"[:40] for f, _ in top), "other features", "residual"]
+        values = [float(self.bias[0]), *(c for _, c in top), rest, float(self.residual[0])]
+        fig = go.Figure(
+            go.Waterfall(
+                x=[*names, "exact score"],
+                y=[*values, float(self.exact[0])],
+                measure=["relative"] * len(values) + ["total"],
+            )
+        )
+        fig.update_layout(title="Readout decomposition", template="plotly_white", yaxis_title="score (logit units)")
+        return {"waterfall": fig}
 
 
 def _rows_for(sae: ReadoutSAE, model: HookedTransformer | None) -> torch.Tensor:
@@ -123,7 +171,7 @@ def decompose(
     n_label: int = 6,
     dtype: torch.dtype = torch.float64,
 ) -> Decomposition:
-    """Decompose s = h·q_α into bias, per-feature contributions and residual (DESIGN §6).
+    """Decompose s = h·q_α into bias, per-feature contributions and residual (docs/design.md §6).
 
     Args:
         sae: a fitted :class:`ReadoutSAE`.
@@ -289,3 +337,6 @@ def top1_vs_competitor(h: torch.Tensor, model, competitor: int | None = None) ->
     if competitor == top1:
         raise ValueError(f"The competitor {competitor} is the top-1 token itself; choose another token.")
     return Contrast(margin(top1, competitor, model.cfg.d_vocab), top1, int(competitor))
+
+
+register_operation("decompose", decompose)  # ReadoutSAE.decompose

@@ -1,4 +1,4 @@
-"""Fidelity diagnostics of a readout reconstruction Ŵ (DESIGN §6): rowEV, top-1, KL, ρ_δ, coverage, ablation.
+"""Fidelity diagnostics of a readout reconstruction Ŵ (docs/design.md §6): rowEV, top-1, KL, ρ_δ, coverage, ablation.
 
 Every method (the readout SAE and each row-geometry baseline) is scored through the same function from its
 reconstructed rows ŵ_t = μ + a_t x̂_t, so all share one accounting. A bank of selected scores is built once per
@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float
 
 from tl_query_lens.primitives import LOG2, cluster_bootstrap, kl_divergence
+from tl_query_lens.readout.decompose import decompose_rows
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult
 
@@ -67,7 +68,7 @@ class ReadoutEval(SavableResult):
 
 
 def rho(eps: torch.Tensor, exact: torch.Tensor, delta: float = 0.5) -> torch.Tensor:
-    """ρ_δ = |ε| / (|s_exact| + δ) (DESIGN §6)."""
+    """ρ_δ = |ε| / (|s_exact| + δ) (docs/design.md §6)."""
     return eps.abs() / (exact.abs() + delta)
 
 
@@ -176,7 +177,7 @@ def evaluate_reconstruction(
 
 @dataclass
 class AblationRegression(SavableResult):
-    """Measured Δs of h' = h − (h·d_i)d_i under the dense head vs the predicted −c_i (DESIGN §6).
+    """Measured Δs of h' = h − (h·d_i)d_i under the dense head vs the predicted −c_i (docs/design.md §6).
 
     r² is the squared Pearson correlation; the slope is the least-squares fit through the origin.
     The control replaces d_i by a random unit direction and keeps the predicted −c_i.
@@ -199,8 +200,6 @@ def ablation_regression(
     sae, rows: torch.Tensor, bank: StateBank, *, n_features: int = 3, max_states: int = 512, seed: int = 0
 ) -> AblationRegression:
     """Ablate each of the top-``n_features`` |c_i| of the top-1-vs-competitor score of held-out states."""
-    from tl_query_lens.readout.decompose import decompose_rows
-
     gen = torch.Generator().manual_seed(seed)
     rows = rows.float()
     b_U = torch.zeros(rows.shape[0])

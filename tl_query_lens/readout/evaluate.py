@@ -6,11 +6,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout import baselines as bl
 from tl_query_lens.readout.diagnostics import (
@@ -121,6 +122,53 @@ class ReadoutReport(SavableResult):
         ]
         return cols, rows
 
+    COLUMN_TYPES: ClassVar[dict[str, type]] = {
+        "method": str,
+        "row_ev": float,
+        "top1": float,
+        "top1_lo": float,
+        "top1_hi": float,
+        "kl_mean_bits": float,
+        "kl_median_bits": float,
+        "coverage": float,
+        "coverage_lo": float,
+        "coverage_hi": float,
+        "rho_median": float,
+        "sign_agreement": float,
+        "seconds": float,
+    }
+    title: ClassVar[str] = "Readout SAE vs baselines"
+
+    def scalars(self) -> dict[str, float]:
+        """The SAE's scalars (``srp/…``), each baseline's (``baseline_{name}/…``), ``ablation/…`` and ``seconds/…``."""
+        out: dict[str, float] = {}
+        for r in [self.srp, *self.baselines.values()]:
+            prefix = "srp" if r.method == "srp" else f"baseline_{r.method}"
+            out.update({f"{prefix}/{k}": v for k, v in r.scalars().items()})
+        if self.ablation is not None:
+            out.update({f"ablation/{k}": v for k, v in self.ablation.scalars().items()})
+        return out | {f"seconds/{k}": float(v) for k, v in self.seconds.items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``readout_vs_baselines``: the SAE first, then every baseline (CIs as ``_lo`` / ``_hi`` columns)."""
+        rows = [
+            [
+                r.method,
+                r.row_ev,
+                r.top1,
+                *r.top1_ci,
+                r.kl_mean_bits,
+                r.kl_median_bits,
+                r.coverage,
+                *r.coverage_ci,
+                r.rho_median,
+                r.sign_agreement,
+                self.seconds.get(r.method, float("nan")),
+            ]
+            for r in [self.srp, *self.baselines.values()]
+        ]
+        return {"readout_vs_baselines": Table.build(self.COLUMN_TYPES, rows)}
+
 
 @torch.no_grad()
 def evaluate_readout(
@@ -131,7 +179,7 @@ def evaluate_readout(
     cfg: ReadoutEvalConfig | None = None,
     **overrides: Any,
 ) -> ReadoutReport:
-    """Diagnostics of ``sae`` and of each baseline on held-out ``states`` (DESIGN §6).
+    """Diagnostics of ``sae`` and of each baseline on held-out ``states`` (docs/design.md §6).
 
     ``cfg`` / keyword ``overrides``: :class:`ReadoutEvalConfig` (baselines, ablation_states, n_boot, k-means sizes).
     """

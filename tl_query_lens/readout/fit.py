@@ -1,4 +1,4 @@
-"""Fitting a readout SAE with the Sparse Readout Prism recipe (DESIGN §6).
+"""Fitting a readout SAE with the Sparse Readout Prism recipe (docs/design.md §6).
 
 Per step: a batch of normalised rows x_t (50% drawn by top-8 frequency over decoded corpus states, 50% uniform),
 TopK codes, reconstruction x̂ = code·D, and the loss
@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,16 @@ from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
-from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig, decode_sparse, unembedding_rows
+from tl_query_lens.readout.sae import (
+    ReadoutSAE,
+    ReadoutSAEConfig,
+    decode_sparse,
+    register_operation,
+    unembedding_rows,
+)
 from tl_query_lens.readout.states import StateBank, collect_states
 from tl_query_lens.results import SavableResult
 
@@ -133,6 +141,19 @@ class ReadoutFit(SavableResult):
         stopped early never takes the full preset's id."""
         return base if self.complete else f"{base}-capped-s{int(self.final['steps'])}"
 
+    title: ClassVar[str] = "Readout SAE fit"
+
+    def scalars(self) -> dict[str, float]:
+        """The final record's numbers and the wall time."""
+        return numeric_fields(self, ("seconds",)) | {k: float(v) for k, v in self.final.items()}
+
+    def tables(self) -> dict[str, Table]:
+        """``history``: one row per logged step (the record's keys as float columns)."""
+        if not self.history:
+            return {}
+        keys = list(self.history[0])
+        return {"history": Table.build(dict.fromkeys(keys, float), ([r.get(k) for k in keys] for r in self.history))}
+
 
 def _init_weights(sae: ReadoutSAE, x: torch.Tensor, gen: torch.Generator) -> None:
     n_rows, width = x.shape[0], sae.cfg.d_sae
@@ -183,7 +204,7 @@ def fit_readout(
     progress: bool = True,
     **overrides,
 ) -> ReadoutFit:
-    """Fit a readout SAE to ``model``'s LM-head rows (DESIGN §6); no files, no W&B (the caller logs ``history``).
+    """Fit a readout SAE to ``model``'s LM-head rows (docs/design.md §6); no files, no W&B (the caller logs ``history``).
 
     Args:
         model: a TransformerLens model.
@@ -209,8 +230,6 @@ def fit_readout(
 
     if states is None:
         if tokens is None:
-            from tl_query_lens.corpus import load_corpus
-
             if getattr(model, "tokenizer", None) is None:
                 raise ValueError(
                     "The model has no tokenizer: pass corpus tokens (tokens=...) or a StateBank (states=...)."
@@ -224,7 +243,7 @@ def fit_readout(
     b_U = model.b_U.detach().float().to(device)
     freq = _row_frequency(states, rows, b_U, min(cfg.top_n, d_vocab))
 
-    # Preprocessing (DESIGN §6): μ, a_t, x_t.
+    # Preprocessing (docs/design.md §6): μ, a_t, x_t.
     mu, norms, x = normalise_rows(rows)
 
     sae_cfg = ReadoutSAEConfig(
@@ -345,3 +364,6 @@ def row_explained_variance(sae: ReadoutSAE, rows: torch.Tensor) -> float:
 
 def _chunks(n: int, size: int):
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+register_operation("fit", fit_readout)  # ReadoutSAE.fit

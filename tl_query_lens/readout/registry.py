@@ -1,4 +1,4 @@
-"""SAELens ``SAE.from_pretrained(release, sae_id)`` for this project's readout SAEs (DESIGN §6).
+"""SAELens ``SAE.from_pretrained(release, sae_id)`` for this project's readout SAEs (docs/design.md §6).
 
 The releases listed in ``releases.json`` (shipped with the package), and every model with a readout fit in the user
 cache, are registered on import as a :class:`tl_query_lens.releases.LocalReleases` family with the loader

@@ -1,4 +1,4 @@
-"""The readout SAE: a TopK dictionary of the LM head's rows, as an SAELens SAE (DESIGN §6, Sparse Readout Prism).
+"""The readout SAE: a TopK dictionary of the LM head's rows, as an SAELens SAE (docs/design.md §6, Sparse Readout Prism).
 
 Rows w_t of the unembedding (columns of TL's ``W_U``) are centred and normalised, μ = mean row, a_t = ‖w_t − μ‖,
 x_t = (w_t − μ)/a_t, and a TopK SAE with unit-norm decoder rows d_i and no decoder bias is fitted to the x_t.
@@ -16,6 +16,7 @@ the row norms a_t, so a saved dictionary decomposes scores without re-encoding.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,15 +221,28 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
     @classmethod
     def fit(cls, model, tokens: torch.Tensor | None = None, **kwargs: Any) -> ReadoutSAE:
         """Fit a readout SAE to ``model``'s unembedding rows; see :func:`tl_query_lens.readout.fit.fit_readout`."""
-        from tl_query_lens.readout.fit import fit_readout
-
-        return fit_readout(model, tokens, **kwargs).sae
+        return _operation("fit")(model, tokens, **kwargs).sae
 
     def decompose(self, h, alpha, **kwargs):
         """Exact score decomposition; see :func:`tl_query_lens.readout.decompose.decompose`."""
-        from tl_query_lens.readout.decompose import decompose
+        return _operation("decompose")(self, h, alpha, **kwargs)
 
-        return decompose(self, h, alpha, **kwargs)
+
+# ``ReadoutSAE.fit`` / ``.decompose`` call functions of modules that import this one (fit.py builds ReadoutSAEs,
+# decompose.py reads them). Those modules register the functions here when they are imported (the readout package
+# imports both), so the dependency points one way: fit.py / decompose.py -> sae.py.
+_OPERATIONS: dict[str, Callable[..., Any]] = {}
+
+
+def register_operation(name: str, function: Callable[..., Any]) -> None:
+    """Make ``function`` the implementation of the method ``ReadoutSAE.<name>``."""
+    _OPERATIONS[name] = function
+
+
+def _operation(name: str) -> Callable[..., Any]:
+    if name not in _OPERATIONS:  # only when sae.py was loaded without its package (never through an import)
+        raise RuntimeError(f"ReadoutSAE.{name} needs tl_query_lens.readout.{name}: import tl_query_lens.readout.")
+    return _OPERATIONS[name]
 
 
 ID_DIGITS_KEY = "code_indices_base256"

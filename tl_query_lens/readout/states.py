@@ -52,6 +52,11 @@ class StateBank(SavableResult):
             list(self.hooks),
         )
 
+    def scalars(self) -> dict[str, float]:
+        """How many states, sequences and hooks the bank holds."""
+        n_seqs = int(self.sequence.unique().numel()) if self.sequence.numel() else 0
+        return {"n_states": float(len(self)), "n_sequences": float(n_seqs), "n_hooks": float(len(self.hooks))}
+
 
 def logit_lens(model) -> Lens:
     """h̃ = LN_f(resid): the final norm (TL ``ln_final``; identity for models without one)."""

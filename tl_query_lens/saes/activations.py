@@ -8,6 +8,7 @@ The pass is resumable: batches already written are kept, and a killed pass resta
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,6 @@ class ActivationCache:
     @classmethod
     def open(cls, path: str | Path) -> ActivationCache:
         """Open a complete cache written by :func:`cache_activations`."""
-        import json
-
         path = Path(path)
         info_file = path / "cache.json"
         if not info_file.exists():
@@ -111,8 +110,6 @@ def cache_activations(
     info_file = out / "cache.json"
     done = 0
     if info_file.exists():
-        import json
-
         old = json.loads(info_file.read_text(encoding="utf-8"))
         if {k: old.get(k) for k in info} != info:
             raise ValueError(f"{out} holds activations of other tokens or hooks; choose another folder or delete it.")

@@ -21,9 +21,15 @@ from typing import Any
 
 import torch
 from sae_lens import SAE
+from sae_lens.loading.pretrained_sae_loaders import handle_config_defaulting
+from sae_lens.registry import get_sae_class
 
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.models import load_model
+from tl_query_lens.readout.registry import READOUT_RELEASES
 from tl_query_lens.releases import LocalReleases, read_shipped, shipped_root, write_manifest, write_shipped
 from tl_query_lens.results import SavableResult
+from tl_query_lens.saes.registry import SAES_RELEASES
 from tl_query_lens.saes.report import suite_quality
 
 MAX_RELEASE_BYTES = 50_000_000
@@ -125,9 +131,6 @@ def release_fidelity(
 
 def _load_packed(family: LocalReleases, model_name: str, sid: str) -> SAE:
     cfg, state = read_shipped(family.shipped_dir(model_name), sid)
-    from sae_lens.loading.pretrained_sae_loaders import handle_config_defaulting
-    from sae_lens.registry import get_sae_class
-
     cfg = handle_config_defaulting(cfg)
     cls, cfg_cls = get_sae_class(cfg["architecture"])
     sae = cls(cfg_cls.from_dict(cfg))
@@ -136,10 +139,6 @@ def _load_packed(family: LocalReleases, model_name: str, sid: str) -> SAE:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tl_query_lens import load_corpus, load_model
-    from tl_query_lens.readout.registry import READOUT_RELEASES
-    from tl_query_lens.saes.registry import SAES_RELEASES
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--readout-ids", default="small", help="comma-separated readout ids to ship")

@@ -11,20 +11,30 @@ block L+1 (``start_at_layer``) from the edited residual, instead of rerunning th
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
+from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
+from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.splice import _ce_sum
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.hooks import check_hook, hook_layer
+from tl_query_lens.models import load_model
+from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
+from tl_query_lens.saes.registry import SAES_RELEASES
+from tl_query_lens.tracking import Tracker  # report_cli only; it leaves with the CLI's move to the configs
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +110,28 @@ class SuiteQuality(SavableResult):
             )
         return "\n".join(lines)
 
+    COLUMN_TYPES: ClassVar[dict[str, type]] = {
+        "sae_id": str,
+        "kind": str,
+        "layer": int,
+        "d_sae": int,
+        **dict.fromkeys(COLUMNS[4:-1], float),
+        "n_tokens": int,
+    }
+    title: ClassVar[str] = "SAE / transcoder suite quality"
+
+    #: The headline numbers of each dictionary (W&B scalars ``{sae_id}/{key}``).
+    HEADLINE: ClassVar[tuple[str, ...]] = ("explained_variance", "ce_recovered", "kl", "mean_l0", "alive_rate")
+
+    def scalars(self) -> dict[str, float]:
+        """:attr:`HEADLINE` of each dictionary as ``{sae_id}/{key}``, the tokens scored and the seconds taken."""
+        out = {f"{r['sae_id']}/{k}": float(r[k]) for r in self.rows for k in self.HEADLINE}
+        return out | {"n_tokens": float(self.n_tokens), "seconds": float(self.seconds)}
+
+    def tables(self) -> dict[str, Table]:
+        """``quality``: one row per dictionary, the columns of :attr:`COLUMN_TYPES`."""
+        return {"quality": Table.build(self.COLUMN_TYPES, ([r[c] for c in self.COLUMN_TYPES] for r in self.rows))}
+
 
 def _write_hook(sae: SAE) -> str:
     meta = sae.cfg.metadata
@@ -107,8 +139,6 @@ def _write_hook(sae: SAE) -> str:
 
 
 def _layer(sae: SAE) -> int:
-    from tl_query_lens.hooks import hook_layer
-
     layer = hook_layer(_write_hook(sae))
     if layer is None:
         raise ValueError(f"{_write_hook(sae)!r} is not inside a block; the report splices at blocks.L hooks only.")
@@ -150,8 +180,6 @@ def suite_quality(
     position because the windows start mid-text: SmolLM2's first position is an attention sink, see
     ``SAESuiteConfig.exclude_first_positions``). The zero ablation zeroes every position, as SAEBench's does.
     """
-    from tl_query_lens.hooks import check_hook
-
     check_first_positions(exclude_first_positions, tokens.shape[1])
     if tokens.numel() == 0 or tokens.shape[1] < 2:
         raise ValueError(
@@ -237,9 +265,6 @@ def suite_quality(
 
 def load_suite(model_name: str, ids: list[str] | None = None, *, device: str = "cpu") -> dict[str, SAE]:
     """The trained dictionaries of ``tlql-saes-<model_name>`` through ``SAE.from_pretrained`` (all, or ``ids``)."""
-    from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
-
-    from tl_query_lens.saes.registry import SAES_RELEASES
 
     release = SAES_RELEASES.release_name(model_name)
     SAES_RELEASES.register()
@@ -256,8 +281,6 @@ def load_suite(model_name: str, ids: list[str] | None = None, *, device: str = "
 def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
     """Alive share over the last sparsity window of training (SAELens' ``sparsity.safetensors`` of the newest
     checkpoint: log10 firing frequency, -10 = never fired), a larger sample than a small evaluation set."""
-    from safetensors.torch import load_file
-
     checkpoints = sorted(
         (p for p in (folder / ".train" / "checkpoints").glob("*") if p.name.isdigit()), key=lambda p: int(p.name)
     )
@@ -272,12 +295,6 @@ def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
 
 def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any) -> int:
     """``tlql saes report``: load the suite, measure, write ``quality.json`` + table, log via Tracker."""
-    import json
-    from pathlib import Path
-
-    from tl_query_lens import load_corpus, load_model
-    from tl_query_lens.saes.registry import SAES_RELEASES
-    from tl_query_lens.tracking import Tracker
 
     cfg = replace(cfg, **overrides)
     ids = None if args.ids == "all" else [i.strip() for i in args.ids.split(",") if i.strip()]
