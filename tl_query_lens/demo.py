@@ -203,12 +203,12 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     dec.save(cfg.out / "readout_decomposition")
     top = dec.top(8)
     labels = feature_labels(sae, [f for f, _ in top], tokenizer=model.tokenizer)
-    rest = float(dec.contributions[0].sum()) - sum(c for _, c in top)
+    rest = float(dec.contributions.sum()) - sum(c for _, c in top)
     names = ["shared bias"] + [f"#{f} {labels.get(f, '')}"[:40] for f, _ in top] + ["other features", "residual"]
-    values = [float(dec.bias[0])] + [c for _, c in top] + [rest, float(dec.residual[0])]
+    values = [float(dec.bias)] + [c for _, c in top] + [rest, float(dec.residual)]
     fig = go.Figure(
         go.Waterfall(
-            x=names + ["exact score"], y=values + [float(dec.exact[0])], measure=["relative"] * len(values) + ["total"]
+            x=names + ["exact score"], y=values + [float(dec.exact)], measure=["relative"] * len(values) + ["total"]
         )
     )
     pair = f"{model.to_single_str_token(top1)!r} vs {model.to_single_str_token(runner_up)!r}"
@@ -221,10 +221,10 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     tracker.log_scalars(
         "readout_decomposition",
         {
-            "exact": float(dec.exact[0]),
-            "bias": float(dec.bias[0]),
-            "sum_contributions": float(dec.contributions[0].sum()),
-            "residual": float(dec.residual[0]),
+            "exact": float(dec.exact),
+            "bias": float(dec.bias),
+            "sum_contributions": float(dec.contributions.sum()),
+            "residual": float(dec.residual),
         },
     )
     context = model.to_string(tokens[0, -12:])
@@ -233,7 +233,7 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
         text=(
             f"Readout SAE {how}. Final-layer state after …{context!r}: the margin {pair} split exactly into the shared "
             f"bias, per-feature contributions and the residual (identity error "
-            f"{abs(float(dec.bias[0] + dec.contributions[0].sum() + dec.residual[0] - dec.exact[0])):.2e})."
+            f"{abs(float(dec.bias + dec.contributions.sum() + dec.residual - dec.exact)):.2e})."
         ),
         figures=[fig],
     )
