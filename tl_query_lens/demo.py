@@ -30,7 +30,9 @@ class DemoConfig:
         splice_seqs: evaluation sequences for the FF-KV splice metrics.
         readout_overrides: fields of the readout fit (``ReadoutFitConfig``) for a first fit (the full demo caps it
             at 480 s so the first run stays near 20 minutes); a cached fit is reused.
+        readout_sae_id: name of the readout SAE in the user cache (fitted on the first run, reused after).
         cert_layer / n_cal / n_eval: the certified FF-KV TopK-``k`` proxy and its calibration / evaluation sizes.
+        k: active features of that TopK proxy.
     """
 
     out: Path = Path("results/demo")

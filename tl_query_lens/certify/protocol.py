@@ -108,7 +108,10 @@ class ProtocolCertifyConfig:
         protocol: ``"paper"`` or ``"fixed-pool"`` (module docstring).
         n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream).
         n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (fixed-pool).
-        seq_len: tokens per window. k / delta / alpha / rule / batch_size: as in :func:`certify`.
+        seq_len: tokens per window.
+        k: TopK size of the proxy at evaluation. delta: failure probability of the bound. alpha: loss smoothing
+            weight. rule: 'topk' or 'native' splice. batch_size: sequences per forward pass (as in
+            :class:`~tl_query_lens.certify.certify.CertifyConfig`).
         shuffle: add the feature-shuffle ablation: for every proxy (True), or for the proxies with these labels.
         seed: corpus draws and the shuffle permutation.
         bins: bins of the |gap| densities.

@@ -99,12 +99,8 @@ def run(args: argparse.Namespace) -> int:
         logger.warning("Not in the table: %s", line)
     dictionaries = {}
     for layer in layers:
-        topk = [
-            int(s.cfg.k)
-            for label, s in trained.items()
-            if label.startswith(f"SAE L{layer} ") and getattr(s.cfg, "k", 0)
-        ]
-        k = options.k or (topk + [32])[0]  # the layer's TopK SAE's k, else 32
+        ks = [getattr(s.cfg, "k", 0) for label, s in trained.items() if label.startswith(f"SAE L{layer} ")]
+        k = options.k or next((int(k) for k in ks if k), 32)  # the layer's TopK SAE's k, else 32
         dictionaries[f"FF-KV vanilla L{layer}"] = FFKV.from_model(model, layer, "vanilla")
         dictionaries[f"FF-KV TopK-{k} L{layer}"] = FFKV.from_model(model, layer, "topk", k)
         dictionaries[f"FF-KV normalized L{layer}"] = FFKV.from_model(model, layer, "normalized")
