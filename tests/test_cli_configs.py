@@ -35,6 +35,11 @@ def test_every_option_has_help_from_a_docstring():
     options = list(_options(build_parser()))
     missing = [(prog, a.option_strings) for prog, a in options if fallback.fullmatch((a.help or "x.y").split(" (")[0])]
     assert missing == []
+    parsers = [build_parser()]
+    while parsers:  # every help page renders
+        parser = parsers.pop()
+        assert parser.format_help()
+        parsers += subcommands(parser).values()
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ def add_options(
         factory = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else factory)
         flags = [option(f.name), *([aliases[f.name]] if f.name in aliases else [])]
-        text = helps.get(f.name, f"{cls.__name__}.{f.name}")
+        text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
         if kind is bool:
             flag, action = (option("no_" + f.name), "store_false") if default else (flags[0], "store_true")
             parser.add_argument(flag, dest=f.name, action=action, help=text + " (on unless given)" * bool(default))
