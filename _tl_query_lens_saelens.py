@@ -41,17 +41,23 @@ class RegisterAfterSAELens(importlib.abc.MetaPathFinder):
 
 
 def register() -> None:
-    """Import tl_query_lens (its import registers everything), unless it is being imported already."""
-    if PACKAGE in sys.modules:  # tl_query_lens imported sae_lens: its own import finishes the registration
+    """Import tl_query_lens' public names (which registers everything), unless one of its modules is being imported:
+    then that module imported sae_lens, and the package registers what it loads itself."""
+    if any(_initializing(module) for name, module in list(sys.modules.items()) if name.split(".")[0] == PACKAGE):
         return
     try:
-        importlib.import_module(PACKAGE)
+        importlib.import_module(PACKAGE).load_all()
     except ImportError as err:  # a broken install must not break `import sae_lens`
         logging.getLogger(__name__).warning(
             "tl_query_lens is installed but could not be imported (%s); its SAELens architectures are not "
             "registered. Reinstall it, or set TLQL_SAELENS_AUTOLOAD=0 to silence this.",
             err,
         )
+
+
+def _initializing(module: object) -> bool:
+    """True while ``module`` runs its import (importlib marks its spec)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def install() -> None:

@@ -106,7 +106,7 @@ def test_readout_identity(arch, tmp_path):
             total = dec.bias + dec.contributions.sum(-1) + dec.residual
             assert ((total - dec.exact).abs() / dec.exact.abs().clamp_min(1e-3)).max() < 1e-5
             ref = (alpha.double() * (pre_cap[j] - model.b_U).double()).sum()
-            assert torch.allclose(dec.exact[0], ref, rtol=1e-4, atol=1e-4)
+            assert torch.allclose(dec.exact, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

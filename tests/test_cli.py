@@ -2,7 +2,8 @@ import csv
 
 import pytest
 
-from tl_query_lens.cli import main, parse_layers
+from tl_query_lens.cli import main
+from tl_query_lens.cli.ranges import parse_layers
 from tl_query_lens.errors import InputError
 
 

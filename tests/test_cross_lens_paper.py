@@ -182,5 +182,5 @@ def test_dominant_features_equal_the_full_decomposition(rms_setup):
             for vocab_mean, alpha in ((False, token_logit(t, V)), (True, vocab_mean_contrast(t, V))):
                 dec = decompose_rows(sae, h, alpha, rows, n_top=0)
                 assert dominant(proj[i], t, vocab_mean=vocab_mean) == int(
-                    dominant_active(dec.contributions, dec.beta)[0]
+                    dominant_active(dec.contributions[None], dec.beta)[0]
                 )

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from transformer_lens.utils import get_act_name
 
 from tests.helpers import tiny_model
-from tl_query_lens.cli.validate import parse_floats, parse_layers, parse_ranges
+from tl_query_lens.cli.ranges import parse_floats, parse_layers, parse_ranges
 from tl_query_lens.corpus import SPLIT_SHARES, document_split, read_documents
 from tl_query_lens.errors import (
     CorruptFileError,

@@ -74,7 +74,7 @@ def test_identity_every_family_against_clean_logits(fitted, style):
             assert ((total - dec.exact).abs() / scale).max() < 1e-5, name
             # Independent reference: the clean forward pass' logits minus b_U, combined with α.
             ref = (alpha.double() * (logits[j] - b_U).double()).sum()
-            assert torch.allclose(dec.exact[0], ref, rtol=1e-4, atol=1e-4), name
+            assert torch.allclose(dec.exact, ref, rtol=1e-4, atol=1e-4), name
             if name in ("margin", "vocab_mean_contrast", "top1_vs_competitor"):
                 assert abs(dec.alpha_sum) < 1e-6 and dec.bias.abs().max() < 1e-6
 
@@ -92,7 +92,7 @@ def test_stored_codes_match_encoder_and_contributions_match_per_feature(fitted, 
     beta_ref = alpha.double() @ dense_z
     c_ref = beta_ref * (sae.W_dec.double() @ h.double())
     dec = decompose(sae, h, alpha, model=model)
-    assert torch.allclose(dec.contributions[0], c_ref, atol=1e-5)
+    assert torch.allclose(dec.contributions, c_ref, atol=1e-5)
     assert dec.top_features and dec.top_features[0]["feature"] == int(c_ref.abs().argmax())
 
 
@@ -104,7 +104,7 @@ def test_batched_states_and_bind(fitted):
     dec = decompose(sae, bank.states[:5], vocab_mean_contrast(4, model.cfg.d_vocab))
     single = decompose(sae, bank.states[3], vocab_mean_contrast(4, model.cfg.d_vocab))
     assert dec.contributions.shape == (5, sae.cfg.d_sae)
-    assert torch.allclose(dec.contributions[3], single.contributions[0])
+    assert torch.allclose(dec.contributions[3], single.contributions)
 
 
 def test_training_logged(fitted):
@@ -231,7 +231,9 @@ def test_evaluate_readout_runs_every_baseline(fitted, tmp_path):
 
 def test_cli_parser_has_readout_actions():
     from tl_query_lens.cli import build_parser
-    from tl_query_lens.cli.readout import run_decompose, run_eval, run_fit
+    from tl_query_lens.cli.readout import run_fit
+    from tl_query_lens.cli.readout_decompose import run_decompose
+    from tl_query_lens.cli.readout_eval import run_eval
 
     parser = build_parser()
     assert parser.parse_args(["readout", "fit", "--preset", "paper", "--no-wandb"]).func is run_fit

@@ -14,9 +14,10 @@ from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 
 import tl_query_lens.saes  # noqa: F401  (registers the release and the transcoder class)
 from tests.helpers import tiny_model, tiny_tokens
+from tl_query_lens.dictionaries.sources import release_sources
 from tl_query_lens.dictionaries.splice import splice_metrics
 from tl_query_lens.saes.registry import SAES_RELEASES, parse_sae_id, sae_id
-from tl_query_lens.saes.report import load_suite, suite_quality
+from tl_query_lens.saes.report import suite_quality
 from tl_query_lens.saes.train import SAESuiteConfig, ShuffledEpochs, train_saes
 from tl_query_lens.saes.transcoder import (
     FastTopKTrainingSAE,
@@ -235,7 +236,7 @@ def test_bad_input_errors(cache, tmp_path):
         train_saes(model, SAESuiteConfig(**{**TINY, "corpus": str(tmp_path / "small.txt"), "n_seqs": 500}))
     SAES_RELEASES.register({"tiny-test": {"model": "tiny", "sae_ids": ["blocks.1.hook_resid_post"]}})
     with pytest.raises(KeyError, match="valid ids"):
-        load_suite("tiny-test", ["blocks.9.hook_resid_post"])
+        release_sources("tlql-saes-tiny-test", ["blocks.9.hook_resid_post"])
 
 
 @pytest.mark.parametrize("first, arch", [(0, None), (1, None), (1, "pythia")])

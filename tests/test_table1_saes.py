@@ -18,7 +18,7 @@ from tests.helpers import tiny_model, tiny_tokens
 from tests.test_certify_protocol import HashTokenizer, documents
 from tl_query_lens import FFKV
 from tl_query_lens.cli import main
-from tl_query_lens.cli.dictionaries import load_dictionaries, parse_dictionaries
+from tl_query_lens.dictionaries.sources import load_sources, parse_sources
 from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import max_activating_contexts
@@ -188,20 +188,20 @@ def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "cache"))
     release = f"tlql-saes-{model.cfg.model_name}"
     sae.save_model(tmp_path / "cache" / "saes" / release / "blocks.1.hook_resid_post")
-    sources = parse_dictionaries(["ffkv", f"{folder},{release}:blocks.1.hook_resid_post"])
+    sources = parse_sources(["ffkv", f"{folder},{release}:blocks.1.hook_resid_post"])
     assert [s.kind for s in sources] == ["ffkv", "folder", "pretrained"]
     assert [s.group for s in sources] == ["ffkv", "suite", release]
-    loaded = load_dictionaries(sources[:1] + sources[2:], model, "0,2")
+    loaded = load_sources(sources[:1] + sources[2:], model, [0, 2])
     assert [d.label for d in loaded] == ["ffkv L0", "ffkv L2", "sae L1 blocks.1.hook_resid_post"]
     assert torch.equal(loaded[2].sae.W_enc, sae.W_enc)
     with pytest.raises(InputError, match="more than once"):
-        load_dictionaries(sources[1:], model, "0")
+        load_sources(sources[1:], model, [0])
     with pytest.raises(InputError, match="is not a SAELens release known here"):
-        parse_dictionaries("no-such-release:blocks.1.hook_resid_post")
+        parse_sources("no-such-release:blocks.1.hook_resid_post")
     with pytest.raises(InputError, match="neither 'ffkv' nor an existing folder"):
-        parse_dictionaries("ffkv,/no/such/sae")
+        parse_sources("ffkv,/no/such/sae")
     with pytest.raises(InputError, match="could not be loaded"):
-        load_dictionaries(parse_dictionaries(f"{release}:blocks.2.hook_resid_post"), model, "0")
+        load_sources(parse_sources(f"{release}:blocks.2.hook_resid_post"), model, [0])
 
 
 @pytest.fixture()

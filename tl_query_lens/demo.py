@@ -40,7 +40,9 @@ class DemoConfig:
         splice_seqs: evaluation sequences for the FF-KV splice metrics.
         readout_overrides: fields of the readout fit (``ReadoutFitConfig``) for a first fit (the full demo caps it
             at 480 s so the first run stays near 20 minutes); a cached fit is reused.
+        readout_sae_id: name of the readout SAE in the user cache (fitted on the first run, reused after).
         cert_layer / n_cal / n_eval: the certified FF-KV TopK-``k`` proxy and its calibration / evaluation sizes.
+        k: active features of that TopK proxy.
     """
 
     out: Path = Path("results/demo")
@@ -206,12 +208,12 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     dec.save(cfg.out / "readout_decomposition")
     top = dec.top(8)
     labels = feature_labels(sae, [f for f, _ in top], tokenizer=model.tokenizer)
-    rest = float(dec.contributions[0].sum()) - sum(c for _, c in top)
+    rest = float(dec.contributions.sum()) - sum(c for _, c in top)
     names = ["shared bias"] + [f"#{f} {labels.get(f, '')}"[:40] for f, _ in top] + ["other features", "residual"]
-    values = [float(dec.bias[0])] + [c for _, c in top] + [rest, float(dec.residual[0])]
+    values = [float(dec.bias)] + [c for _, c in top] + [rest, float(dec.residual)]
     fig = go.Figure(
         go.Waterfall(
-            x=names + ["exact score"], y=values + [float(dec.exact[0])], measure=["relative"] * len(values) + ["total"]
+            x=names + ["exact score"], y=values + [float(dec.exact)], measure=["relative"] * len(values) + ["total"]
         )
     )
     pair = f"{model.to_single_str_token(top1)!r} vs {model.to_single_str_token(runner_up)!r}"
@@ -224,10 +226,10 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     tracker.log_scalars(
         "readout_decomposition",
         {
-            "exact": float(dec.exact[0]),
-            "bias": float(dec.bias[0]),
-            "sum_contributions": float(dec.contributions[0].sum()),
-            "residual": float(dec.residual[0]),
+            "exact": float(dec.exact),
+            "bias": float(dec.bias),
+            "sum_contributions": float(dec.contributions.sum()),
+            "residual": float(dec.residual),
         },
     )
     context = model.to_string(tokens[0, -12:])
@@ -236,7 +238,7 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
         text=(
             f"Readout SAE {how}. Final-layer state after …{context!r}: the margin {pair} split exactly into the shared "
             f"bias, per-feature contributions and the residual (identity error "
-            f"{abs(float(dec.bias[0] + dec.contributions[0].sum() + dec.residual[0] - dec.exact[0])):.2e})."
+            f"{abs(float(dec.bias + dec.contributions.sum() + dec.residual - dec.exact)):.2e})."
         ),
         figures=[fig],
     )

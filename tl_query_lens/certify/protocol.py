@@ -19,10 +19,10 @@ from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
-from tl_query_lens.certify.certify import Certificate
+from tl_query_lens.certify.certify import Certificate, CertifyConfig
 from tl_query_lens.certify.losses import Rule
 from tl_query_lens.certify.protocols import PROTOCOLS
-from tl_query_lens.certify.sweep import certify_layers
+from tl_query_lens.certify.sweep import LayerSweep, certify_layers
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.presentation import Table, numeric_fields
@@ -118,8 +118,12 @@ class ProtocolCertifyConfig:
         protocol: ``"paper"`` or ``"tlql"`` (formerly ``"fixed-pool"``; module docstring).
         n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream).
         n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (tlql).
-        seq_len: tokens per window. k / delta / alpha / rule / batch_size: as in :func:`certify`.
-        shuffle: add the feature-shuffle ablation for every proxy. seed: corpus draws and the shuffle permutation.
+        seq_len: tokens per window.
+        k: TopK size of the proxy at evaluation. delta: failure probability of the bound. alpha: loss smoothing
+            weight. rule: 'topk' or 'native' splice. batch_size: sequences per forward pass (as in
+            :class:`~tl_query_lens.certify.certify.CertifyConfig`).
+        shuffle: add the feature-shuffle ablation: for every proxy (True), or for the proxies with these labels.
+        seed: corpus draws and the shuffle permutation.
         bins: bins of the |gap| densities.
         exclude_first_positions: positions < n of every window neither spliced nor scored, as in
             :class:`~tl_query_lens.certify.certify.CertifyConfig` (N still counts windows).
@@ -134,16 +138,24 @@ class ProtocolCertifyConfig:
     alpha: float = 0.5
     rule: Rule = "topk"
     batch_size: int = 16
-    shuffle: bool = False
+    shuffle: bool | tuple[str, ...] = False
     seed: int = 0
     bins: int = 40
     exclude_first_positions: int = 0
 
     def __post_init__(self) -> None:
         self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
+        if not isinstance(self.shuffle, bool):
+            self.shuffle = tuple(self.shuffle)
+        self.certify_config()  # the options every certificate shares are validated once, by CertifyConfig
         check_first_positions(self.exclude_first_positions, self.seq_len)
         if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
             raise ValueError("bins, n_cal and n_eval must be positive.")
+
+    def certify_config(self) -> CertifyConfig:
+        """The :class:`CertifyConfig` of every certificate."""
+        names = ("k", "delta", "alpha", "rule", "batch_size", "exclude_first_positions")
+        return CertifyConfig(**{name: getattr(self, name) for name in names})
 
 
 @dataclass
@@ -158,6 +170,7 @@ class ProtocolCertification(SavableResult):
         n_documents: documents in the evaluation split. n_eligible: those long enough for one window (paper).
         one_window_per_document: whether the evaluation windows come from distinct documents.
         abs_gap_edges / abs_gap_density / abs_gap_density_shuffled: |gap| densities per proxy on shared edges.
+        sweep: the certificates behind the rows (with curves and per-sequence gaps).
     """
 
     protocol: str
@@ -171,6 +184,7 @@ class ProtocolCertification(SavableResult):
     abs_gap_density: torch.Tensor
     abs_gap_density_shuffled: torch.Tensor
     config: dict[str, Any] = field(default_factory=dict)
+    sweep: LayerSweep | None = None
 
     def __post_init__(self) -> None:
         for row in self.rows:  # JSON stores inf as a string
@@ -208,6 +222,7 @@ def summarise(
     n_documents: int | None = None,
     n_eligible: int | None = None,
     one_window_per_document: bool = False,
+    sweep: LayerSweep | None = None,
 ) -> ProtocolCertification:
     """Build the protocol's result from finished certificates (no model needed)."""
     labels = [str(label) for label in certificates]
@@ -236,6 +251,7 @@ def summarise(
         abs_gap_density=density,
         abs_gap_density_shuffled=density_shuffled,
         config=dict(vars(cfg)),
+        sweep=sweep,
     )
 
 
@@ -244,6 +260,7 @@ def certify_protocol(
     saes_by_label: Mapping[str, SAE],
     corpus: Any = "embedded",
     *,
+    tokens: tuple[torch.Tensor, torch.Tensor] | None = None,
     cfg: ProtocolCertifyConfig | None = None,
     **overrides: Any,
 ) -> ProtocolCertification:
@@ -253,30 +270,27 @@ def certify_protocol(
         model: the frozen model (needs a tokenizer: the windows are drawn from ``corpus`` here).
         saes_by_label: label → dictionary (SAELens SAE, transcoder or FF-KV).
         corpus: a corpus source as for :func:`~tl_query_lens.corpus.load_corpus`.
+        tokens: (calibration, evaluation) windows already drawn, instead of ``corpus`` (fixed-pool only: the
+            paper's evaluation windows come one per document).
         cfg: options; keywords override its fields.
 
     Raises:
         ValueError: ``n_eval`` larger than the documents the paper protocol can draw from (the message gives the
             count), or any error of :func:`~tl_query_lens.certify.certify.certify`.
     """
-
     cfg = resolve_config(ProtocolCertifyConfig, cfg, overrides)
-    cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
+    if tokens is not None and cfg.protocol == "paper":
+        raise ValueError("tokens= is for the tlql protocol; the paper's draws one window per document.")
     protocol = PROTOCOLS[cfg.protocol]
-    ev, n_documents, n_eligible = protocol.evaluation_windows(model, corpus, cfg)
+    n_documents = n_eligible = None
+    if tokens is not None:
+        cal, ev = tokens
+    else:
+        cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
+        ev, n_documents, n_eligible = protocol.evaluation_windows(model, corpus, cfg)
+    shuffle = cfg.shuffle if isinstance(cfg.shuffle, bool) else list(cfg.shuffle)
     sweep = certify_layers(
-        model,
-        dict(saes_by_label),
-        cal,
-        ev,
-        k=cfg.k,
-        delta=cfg.delta,
-        alpha=cfg.alpha,
-        rule=cfg.rule,
-        batch_size=cfg.batch_size,
-        exclude_first_positions=cfg.exclude_first_positions,
-        shuffle=cfg.shuffle,
-        seed=cfg.seed,
+        model, dict(saes_by_label), cal, ev, cfg=cfg.certify_config(), shuffle=shuffle, seed=cfg.seed
     )
     return summarise(
         sweep.certificates,
@@ -285,4 +299,5 @@ def certify_protocol(
         n_documents=n_documents,
         n_eligible=n_eligible,
         one_window_per_document=protocol.ONE_WINDOW_PER_DOCUMENT,
+        sweep=sweep,
     )

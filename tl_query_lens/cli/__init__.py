@@ -1,4 +1,11 @@
-"""The ``tlql`` command line: a thin layer over the Python API, one module per subcommand."""
+"""The ``tlql`` command line: a thin layer over the Python API, one module per subcommand.
+
+A subcommand is a module ``tl_query_lens/cli/<name>.py`` with ``add_parser(subparsers)``, which registers it through
+:func:`command` (its name, one line of help, and a ``configure(parser)`` that adds the
+options made from its configs and sets ``func``); listing the module in :data:`SUBCOMMANDS` plugs it in. Only the
+subcommand being run is configured, and heavy libraries (torch, TransformerLens, SAELens) are imported by
+``configure`` and ``func``, so ``tlql --help`` and mistyped commands answer at once.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,36 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 
-from tl_query_lens.cli.validate import parse_layers, parse_ranges, validate_args
-from tl_query_lens.errors import InputError
+__all__ = ["SUBCOMMANDS", "build_parser", "command", "main"]
 
-__all__ = ["add_common_args", "build_parser", "main", "parse_layers", "parse_ranges"]
-
-# Each module defines ``add_parser(subparsers)`` that registers its subcommand and sets ``func(args) -> int``.
-SUBCOMMANDS = ("ffkv", "query_lens", "ql-evaluate", "ql-channels", "readout", "certify", "saes", "demo")
+SUBCOMMANDS = ("ffkv", "query_lens", "ql_evaluate", "ql_channels", "readout", "certify", "saes", "demo")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command(subparsers, name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None]):
+    """Register subcommand ``name``; ``configure(parser)`` adds its options (importing its configs) only when the
+    subcommand is used or the whole parser is built (:func:`configure`)."""
+    parser = subparsers.add_parser(name, help=help, description=help)
+    parser.tlql_configure = configure  # type: ignore[attr-defined]
+    return parser
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the deferred options of ``parser`` (once)."""
+    pending = parser.__dict__.pop("tlql_configure", None)
+    if pending is not None:
+        pending(parser)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Name → parser of the subcommands of ``parser`` (empty when it has none)."""
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``tlql`` parser: every subcommand configured, or only ``command`` (the others keep their one-line help)."""
     parser = argparse.ArgumentParser(
         prog="tlql",
         description="Query Lens, FF-KV dictionaries, readout SAEs and SAE certification for TransformerLens/SAELens.",
@@ -27,19 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"tl_query_lens.cli.{name.replace('-', '_')}").add_parser(subparsers)
+        importlib.import_module(f"tl_query_lens.cli.{name}").add_parser(subparsers)
+    for name, subparser in subparsers.choices.items():
+        if command is None or name == command:
+            configure(subparser)
     return parser
-
-
-def add_common_args(parser: argparse.ArgumentParser, *, out: str) -> None:
-    """Options every analysis shares: model, corpus, output folder, W&B."""
-    parser.add_argument("--model", default="smollm2-135m", help="embedded model or a TransformerLens model name")
-    parser.add_argument("--corpus", default="embedded", help="'embedded', a .txt/.jsonl path, or an HF dataset")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=out, help="results folder (written before anything is logged)")
-    parser.add_argument("--no-wandb", dest="wandb", action="store_false", help="keep results on disk only")
-    parser.add_argument("--wandb-project", default="tl_query_lens")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    parser = build_parser()
+    parser = build_parser(command="")
+    choices = subcommands(parser)
+    name = next((word for word in argv if word in choices), None)  # the subcommand named: configure it alone
+    if name is not None:
+        configure(choices[name])
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose or debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
@@ -56,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from tl_query_lens.errors import InputError  # imports torch: only once a command runs
+
     try:
-        validate_args(args)
         return int(args.func(args) or 0)
     except InputError as err:
         if debug:
             raise
-        command = " ".join(c for c in (args.command, getattr(args, "readout_command", None)) if c)
+        command = " ".join(c for c in (args.command, getattr(args, "action", None)) if c)
         print(f"tlql {command}: error: {err}", file=sys.stderr)
         print("(add --debug to see the traceback)", file=sys.stderr)
         return 2

@@ -3,32 +3,64 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, fields
+
+from tl_query_lens.cli import command
+from tl_query_lens.cli.configs import build
+from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.run import RunConfig
+
+
+@dataclass
+class DemoOptions:
+    """How big the demo runs.
+
+    Attributes:
+        quick: small settings for a first look (a few minutes); options given on the command line still apply.
+    """
+
+    quick: bool = False
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="run every capability on the embedded model; HTML report + W&B")
-    parser.add_argument("--quick", action="store_true", help="small settings for a first look (a few minutes)")
-    parser.add_argument("--out", default="results/demo", help="results folder")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--corpus", default="embedded")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-wandb", dest="wandb", action="store_false", help="keep results on disk only")
-    parser.set_defaults(func=run)
+    command(
+        subparsers, "demo", help="run every capability on the embedded model; HTML report + W&B", configure=configure
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def configure(parser: argparse.ArgumentParser) -> None:
+    from tl_query_lens.demo import DemoConfig
 
+    run = ("model", "corpus", "seed", "out", "wandb")
+    taken = add_options(
+        parser,
+        RunConfig,
+        skip=[f.name for f in fields(RunConfig) if f.name not in run],
+        defaults={"out": "results/demo"},
+    )
+    given = {f.name: None for f in fields(DemoConfig)}  # not given: the full or quick demo's value
+    add_options(
+        parser,
+        DemoConfig,
+        taken=add_options(parser, DemoOptions, taken=taken),
+        defaults=given,
+        skip=("use_wandb", "readout_overrides"),
+    )
+    parser.set_defaults(func=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
     from tl_query_lens.demo import DemoConfig, run_demo
 
-    common = {
-        "out": Path(args.out),
-        "model": args.model,
-        "corpus": args.corpus,
-        "seed": args.seed,
-        "use_wandb": args.wandb,
-    }
-    cfg = DemoConfig.quick(**common) if args.quick else DemoConfig(**common)
+    options = build(DemoOptions, args)
+    cfg = build(
+        DemoConfig,
+        args,
+        use_wandb=args.wandb,
+        factory=lambda **kw: (DemoConfig.quick if options.quick else DemoConfig)(
+            **{k: v for k, v in kw.items() if v is not None}
+        ),
+    )
     outputs = run_demo(cfg)
     print(f"results folder : {outputs.out}")
     print(f"HTML report    : {outputs.report}")

@@ -3,51 +3,64 @@
 from __future__ import annotations
 
 import argparse
-import logging
+from dataclasses import dataclass
 
-from tl_query_lens.cli import add_common_args, parse_layers
+from tl_query_lens.cli import command
+from tl_query_lens.cli.configs import build
+from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.run import RunConfig
 
-logger = logging.getLogger(__name__)
+RUN = {"out": "results/ffkv", "layers": "0,6,12,18,24,29", "n_seqs": 32, "seq_len": 64}
+
+
+@dataclass
+class FFKVOptions:
+    """What ``tlql ffkv`` writes besides the summary.
+
+    Attributes:
+        save_dictionaries: also save each layer's TopK FF-KV dictionary in SAELens format (<out>/layer<L>/sae).
+    """
+
+    save_dictionaries: bool = False
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("ffkv", help="summarise FF-KV dictionaries (alive rate, L0, EV, CE change)")
-    add_common_args(parser, out="results/ffkv")
-    parser.add_argument("--layers", default="0,6,12,18,24,29", help="e.g. '3,5' or '0-29' or 'all'")
-    parser.add_argument("--k", type=int, default=64, help="TopK size for the sparse splice")
-    parser.add_argument("--n-seqs", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--save-dictionaries", action="store_true", help="save each FF-KV SAE in SAELens format")
+    command(
+        subparsers, "ffkv", help="summarise FF-KV dictionaries (alive rate, L0, EV, CE change)", configure=configure
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from tl_query_lens.dictionaries.splice import FFKVSummaryConfig
+
+    taken = add_options(parser, RunConfig, skip=("features", "dictionary"), defaults=RUN)
+    add_options(parser, FFKVSummaryConfig, taken=add_options(parser, FFKVOptions, taken=taken))
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens import FFKV, load_corpus, load_model
+    from tl_query_lens import FFKV
+    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
+    from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.dictionaries.splice import FFKVSummary, FFKVSummaryConfig, ffkv_summary
-    from tl_query_lens.tracking import Tracker
 
-    model = load_model(args.model, device=args.device)
-    layers = parse_layers(args.layers, model.cfg.n_layers)
-    tokens = load_corpus(
-        args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="evaluation", seed=args.seed
-    )
-    out = Path(args.out)
-    summary = ffkv_summary(model, layers, tokens, cfg=FFKVSummaryConfig(k=args.k))
+    run_cfg, cfg, options = build(RunConfig, args), build(FFKVSummaryConfig, args), build(FFKVOptions, args)
+    dims = check_run(run_cfg)
+    parse_layers(run_cfg.layers, dims.n_layers if dims else None)
+    model = load_model(run_cfg)
+    layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
+    tokens = load_tokens(run_cfg, model, "evaluation")
+    out = Path(run_cfg.out)
+    summary = ffkv_summary(model, layers, tokens, cfg=cfg)
     summary.save(out)
-    if args.save_dictionaries:
+    if options.save_dictionaries:
         for layer in layers:
-            FFKV.from_model(model, layer, "topk", k=args.k).save_model(out / f"layer{layer}" / "sae")
-    config = {k: v for k, v in vars(args).items() if k != "func"}
-    with Tracker(out, project=args.wandb_project, name="ffkv", config=config, use_wandb=args.wandb) as tracker:
-        table = tracker.log_table("ffkv_summary", list(FFKVSummary.COLUMNS), summary.rows())
+            FFKV.from_model(model, layer, "topk", k=cfg.k).save_model(out / f"layer{layer}" / "sae")
+    with tracker(run_cfg, "ffkv", args, summary=cfg) as track:
+        table = track.log_table("ffkv_summary", list(FFKVSummary.COLUMNS), summary.rows())
     print(f"FF-KV summary: {table}")
-    for row in summary.rows():
-        print(
-            "  "
-            + ", ".join(
-                f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in zip(FFKVSummary.COLUMNS, row)
-            )
-        )
+    print_rows(FFKVSummary.COLUMNS, summary.rows())
     return 0

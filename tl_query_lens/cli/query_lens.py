@@ -1,88 +1,108 @@
-"""``tlql query-lens``: key / value signatures of FF-KV features of chosen layers, on disk and in a W&B table."""
+"""``tlql query-lens``: key / value signatures of FF-KV features of chosen layers, on disk and in a W&B table.
+
+The signatures come from :meth:`QueryLens.value_signatures` / :meth:`QueryLens.key_signatures` per layer, as in the
+API: the engine pushes the requested features through (the feature basis) when they are fewer than the model width,
+and computes the full operators otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
+from typing import Literal
 
-from tqdm import tqdm
-
-from tl_query_lens.cli import add_common_args, parse_layers
-from tl_query_lens.cli.validate import parse_features
+from tl_query_lens.cli import command
+from tl_query_lens.cli.configs import build
+from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.run import RunConfig
 
 logger = logging.getLogger(__name__)
+RUN = {"out": "results/query_lens", "layers": "18", "features": "0-24", "n_seqs": 8, "seq_len": 32}
+
+
+@dataclass
+class QueryLensOptions:
+    """Which signatures ``tlql query-lens`` computes (k, skip-positions, chunk and cache-dir: the engine's options).
+
+    Attributes:
+        side: 'value' (what a feature promotes), 'key' (what activates it) or 'both'.
+        method: 'full' (the corpus-mean Jacobian), 'first_order' (value side only; the key side then uses 'full') or
+            'logit_lens' (no Jacobian).
+        evaluate: run the Table-1 evaluation protocol on these layers / features instead (as `tlql ql-evaluate`,
+            with --n-seqs / --seq-len as its operator corpus).
+    """
+
+    side: Literal["value", "key", "both"] = "both"
+    method: Literal["full", "first_order", "logit_lens"] = "full"
+    evaluate: bool = False
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "query-lens",
-        help="Query Lens key/value signatures of FF-KV features (DESIGN §5)",
-        description="Signatures of FF-KV features of the chosen layers: top/bottom-k tokens per feature, written as "
-        "JSON + safetensors per layer and side, and logged as W&B tables.",
-    )
-    add_common_args(parser, out="results/query_lens")
-    parser.add_argument("--layers", default="18", help="e.g. '3,5' or '0-29' or 'all'")
-    parser.add_argument("--features", default="0-24", help="feature ids per layer, e.g. '0-99,512' or 'all'")
-    parser.add_argument("--side", choices=["value", "key", "both"], default="both")
-    parser.add_argument(
-        "--method",
-        choices=["full", "first_order", "logit_lens"],
-        default="full",
-        help="first_order applies to the value side; the key side then uses full",
-    )
-    parser.add_argument("--k", type=int, default=25)
-    parser.add_argument("--n-seqs", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--skip-positions", type=int, default=0, help="leading positions left out of the corpus mean")
-    parser.add_argument("--chunk", type=int, default=64, help="tangents per batched engine pass (memory)")
-    parser.add_argument("--cache-dir", default=None, help="reuse / resume operators here")
-    parser.add_argument(
-        "--evaluate",
-        action="store_true",
-        help="run the Table-1 evaluation protocol on these layers/features instead "
-        "(same as `tlql ql-evaluate`, which has all protocol options)",
-    )
+    command(subparsers, "query-lens", help="Query Lens key/value signatures of FF-KV features", configure=configure)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from tl_query_lens.query_lens.table1 import Table1Config
+
+    taken = add_options(parser, RunConfig, skip=("dictionary",), defaults=RUN)
+    add_options(parser, Table1Config, taken=add_options(parser, QueryLensOptions, taken=taken), skip=("prompts",))
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.evaluate:
-        from tl_query_lens.cli.ql_evaluate import run_table1
-
-        return run_table1(
-            args, layers=args.layers, features=args.features, k=args.k, op_seqs=args.n_seqs, op_seq_len=args.seq_len
-        )
-
     from pathlib import Path
 
-    from tl_query_lens import FFKV, QueryLens, load_corpus, load_model
-    from tl_query_lens.tracking import Tracker
+    from tl_query_lens import FFKV, QueryLens
+    from tl_query_lens.cli import ql_evaluate
+    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.common import load_model, load_tokens, tracker
+    from tl_query_lens.cli.ranges import parse_features, parse_layers
+    from tl_query_lens.cli.table1 import run_table1
+    from tl_query_lens.errors import InputError
+    from tl_query_lens.query_lens.table1 import Table1Config
 
-    model = load_model(args.model, device=args.device)
-    layers = parse_layers(args.layers, model.cfg.n_layers)
-    features = parse_features(args.features, model.cfg.d_mlp)  # FF-KV width; checked before any operator
-    tokens = load_corpus(args.corpus, model, n_seqs=args.n_seqs, seq_len=args.seq_len, split="train", seed=args.seed)
-    lens = QueryLens(model, tokens, skip_positions=args.skip_positions, chunk=args.chunk, cache_dir=args.cache_dir)
-    sides = ["value", "key"] if args.side == "both" else [args.side]
-    key_method = "full" if args.method == "first_order" else args.method  # first_order is a value-side method
-    saes = {layer: FFKV.from_model(model, layer) for layer in layers}
-    lens.precompute(
-        list(saes.values()),
-        value_methods={args.method} if "value" in sides else set(),
-        key_methods={key_method} if "key" in sides else set(),
-    )  # one engine sweep per kind
-    out = Path(args.out)
-    config = {k: v for k, v in vars(args).items() if k != "func"}
-    with Tracker(out, project=args.wandb_project, name="query_lens", config=config, use_wandb=args.wandb) as tracker:
-        for layer, sae in tqdm(saes.items(), desc="layers"):
+    run_cfg, options = build(RunConfig, args), build(QueryLensOptions, args)
+    if options.evaluate:
+        ev = ql_evaluate.RUN
+        return run_table1(
+            args,
+            run_cfg,
+            op_seqs=run_cfg.n_seqs,
+            op_seq_len=run_cfg.seq_len,
+            n_prompts=4,
+            ev_seqs=ev["n_seqs"],
+            ev_seq_len=ev["seq_len"],
+        )
+    engine = build(Table1Config, args, features=None)  # k, skip_positions, chunk, cache_dir
+    dims = check_run(run_cfg, folders={"--cache-dir": engine.cache_dir})
+    if engine.skip_positions >= run_cfg.seq_len:
+        raise InputError(
+            f"--skip-positions {engine.skip_positions} leaves no position of --seq-len {run_cfg.seq_len}; lower it."
+        )
+    parse_layers(run_cfg.layers, dims.n_layers if dims else None)
+    parse_features(run_cfg.features or "all", dims.d_mlp if dims else None)
+    model = load_model(run_cfg)
+    layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
+    features = parse_features(run_cfg.features or "all", model.cfg.d_mlp)  # checked before any operator
+    tokens = load_tokens(run_cfg, model, "train")
+    lens = QueryLens(
+        model, tokens, skip_positions=engine.skip_positions, chunk=engine.chunk, cache_dir=engine.cache_dir
+    )
+    sides = ["value", "key"] if options.side == "both" else [options.side]
+    key_method = "full" if options.method == "first_order" else options.method  # first_order is value-side only
+    out = Path(run_cfg.out)
+    with tracker(run_cfg, "query_lens", args) as track:
+        for layer in layers:
+            sae = FFKV.from_model(model, layer)
             for side in sides:
                 if side == "value":
-                    sig = lens.value_signatures(sae, features, k=args.k, method=args.method)
+                    sig = lens.value_signatures(sae, features, k=engine.k, method=options.method)
                 else:
-                    sig = lens.key_signatures(sae, features, k=args.k, method=key_method)
+                    sig = lens.key_signatures(sae, features, k=engine.k, method=key_method)
                 folder = sig.save(out / f"layer{layer}_{side}")
                 columns, rows = sig.to_table()
-                tracker.log_table(f"signatures_layer{layer}_{side}", columns, rows)
+                track.log_table(f"signatures_layer{layer}_{side}", columns, rows)
                 logger.info("layer %d %s (%s): %d features → %s", layer, side, sig.method, len(sig), folder)
                 for row in rows[:3]:
                     print(f"  L{layer} {side} feature {row[0]}: top {row[4]}")

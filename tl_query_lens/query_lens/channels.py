@@ -69,7 +69,7 @@ class ChannelConfig:
         if self.destination not in ("layer", "module"):
             raise ValueError(f"destination must be 'layer' or 'module', got {self.destination!r}.")
         if not self.fits or set(self.fits) - {"closed_form", "adam"}:
-            raise ValueError(f"fits must be a non-empty subset of ('closed_form', 'adam'), got {self.fits}.")
+            raise ValueError(f"fits {self.fits}: use 'closed_form', 'adam' or both (a non-empty subset).")
 
 
 @dataclass

@@ -61,7 +61,7 @@ def dominant_features(sae: ReadoutSAE, rows: torch.Tensor, states: torch.Tensor,
     out = []
     for h, t in zip(states, tokens.tolist()):
         dec = decompose_rows(sae, h, vocab_mean_contrast(t, sae.cfg.d_vocab), rows, n_top=0)
-        out.append(int(dec.contributions[0].abs().argmax()))
+        out.append(int(dec.contributions.abs().argmax()))
     return torch.tensor(out)
 
 

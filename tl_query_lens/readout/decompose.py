@@ -32,10 +32,13 @@ from tl_query_lens.results import SavableResult
 class Decomposition(SavableResult):
     """s_exact = bias + Σ_i contributions_i + residual, for one α and one or more decoded states.
 
+    For one state ``h`` of shape ``[d_model]`` the per-state fields drop the state axis (``exact`` a 0-d tensor,
+    ``contributions`` ``[d_sae]``); for states ``[n, d_model]`` they keep it.
+
     Attributes:
         exact: h·q_α (dense head, no b_U).
         bias: (Σα) h·μ.
-        contributions: c_i = β_i p_i, one row per state.
+        contributions: c_i = β_i p_i, per state.
         residual: h·Σ α_t r_t.
         beta: β_i(α) (row side, shared by all states).
         projections: p_i = h·d_i.
@@ -43,12 +46,12 @@ class Decomposition(SavableResult):
         top_features: for a single state, the features with the largest |c_i| and their labels.
     """
 
-    exact: Float[torch.Tensor, " n"]
-    bias: Float[torch.Tensor, " n"]
-    contributions: Float[torch.Tensor, "n d_sae"]
-    residual: Float[torch.Tensor, " n"]
+    exact: Float[torch.Tensor, "*n"]
+    bias: Float[torch.Tensor, "*n"]
+    contributions: Float[torch.Tensor, "*n d_sae"]
+    residual: Float[torch.Tensor, "*n"]
     beta: Float[torch.Tensor, " d_sae"]
-    projections: Float[torch.Tensor, "n d_sae"]
+    projections: Float[torch.Tensor, "*n d_sae"]
     alpha_sum: float
     top_features: list[dict] = field(default_factory=list)
 
@@ -63,8 +66,8 @@ class Decomposition(SavableResult):
         return self.residual.abs() / self.exact.abs()
 
     def top(self, n: int = 10, index: int = 0) -> list[tuple[int, float]]:
-        """The ``n`` (feature, c_i) pairs with the largest |c_i| for state ``index``."""
-        c = self.contributions[index]
+        """The ``n`` (feature, c_i) pairs with the largest |c_i| for state ``index`` (ignored for one state)."""
+        c = self.contributions if self.contributions.ndim == 1 else self.contributions[index]
         idx = c.abs().topk(min(n, c.numel())).indices
         return [(int(i), float(c[i])) for i in idx]
 
@@ -90,7 +93,7 @@ class Decomposition(SavableResult):
         labels = {d["feature"]: d.get("label", "") for d in self.top_features if isinstance(d, dict) and "feature" in d}
         columns = {"feature": int, "contribution": float, "beta": float, "projection": float, "label": str}
         rows = [
-            [i, c, self.beta[i], self.projections[0, i], str(labels.get(i, ""))]
+            [i, c, self.beta[i], self.projections.reshape(-1, self.projections.shape[-1])[0, i], str(labels.get(i, ""))]
             for i, c in (self.top(10) if self.contributions.numel() else [])
         ]
         return {"top_features": Table.build(columns, rows)}
@@ -102,13 +105,15 @@ class Decomposition(SavableResult):
 
         top = self.top(8) if self.contributions.numel() else []
         labels = {d["feature"]: d.get("label", "") for d in self.top_features if isinstance(d, dict) and "feature" in d}
-        rest = float(self.contributions[0].sum()) - sum(c for _, c in top) if self.contributions.numel() else 0.0
+        first = self.contributions if self.contributions.ndim == 1 else self.contributions[0]
+        bias, residual, exact = (float(t.reshape(-1)[0]) for t in (self.bias, self.residual, self.exact))
+        rest = float(first.sum()) - sum(c for _, c in top) if self.contributions.numel() else 0.0
         names = ["shared bias", *(f"#{f} {labels.get(f, '')}"[:40] for f, _ in top), "other features", "residual"]
-        values = [float(self.bias[0]), *(c for _, c in top), rest, float(self.residual[0])]
+        values = [bias, *(c for _, c in top), rest, residual]
         fig = go.Figure(
             go.Waterfall(
                 x=[*names, "exact score"],
-                y=[*values, float(self.exact[0])],
+                y=[*values, exact],
                 measure=["relative"] * len(values) + ["total"],
             )
         )
@@ -231,15 +236,16 @@ def decompose_rows(
     )
     proj = h2 @ D.T
     alpha_sum = float(a.sum())
-    result = Decomposition(
-        exact=h2 @ (a @ w),
-        bias=alpha_sum * (h2 @ mu),
-        contributions=proj * beta,
-        residual=h2 @ r_alpha,
-        beta=beta,
-        projections=proj,
-        alpha_sum=alpha_sum,
-    )
+    per_state = {
+        "exact": h2 @ (a @ w),
+        "bias": alpha_sum * (h2 @ mu),
+        "contributions": proj * beta,
+        "residual": h2 @ r_alpha,
+        "projections": proj,
+    }
+    if single:  # one state: no state axis
+        per_state = {name: value[0] for name, value in per_state.items()}
+    result = Decomposition(**per_state, beta=beta, alpha_sum=alpha_sum)
     check_outputs(result, "decompose", hint="The LM-head rows hold NaN/inf.")
     if single:
         labels = feature_labels(sae, [i for i, _ in result.top(n_top)], n=n_label, tokenizer=tokenizer)

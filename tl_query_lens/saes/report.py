@@ -10,31 +10,22 @@ block L+1 (``start_at_layer``) from the edited residual, instead of rerunning th
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
-from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.splice import _ce_sum
-from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.hooks import check_hook, hook_layer
-from tl_query_lens.models import load_model
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
 from tl_query_lens.results import SavableResult
-from tl_query_lens.saes.registry import SAES_RELEASES
-from tl_query_lens.tracking import Tracker  # report_cli only; it leaves with the CLI's move to the configs
 
 logger = logging.getLogger(__name__)
 
@@ -263,22 +254,7 @@ def suite_quality(
     return SuiteQuality(rows=rows, n_tokens=n_tok, seconds=time.perf_counter() - start)
 
 
-def load_suite(model_name: str, ids: list[str] | None = None, *, device: str = "cpu") -> dict[str, SAE]:
-    """The trained dictionaries of ``tlql-saes-<model_name>`` through ``SAE.from_pretrained`` (all, or ``ids``)."""
-
-    release = SAES_RELEASES.release_name(model_name)
-    SAES_RELEASES.register()
-    lookup = get_pretrained_saes_directory().get(release)
-    if lookup is None:
-        raise FileNotFoundError(f"No release {release!r}; train it with `tlql saes train --model {model_name}`.")
-    valid = list(lookup.saes_map)
-    unknown = [i for i in ids or [] if i not in valid]
-    if unknown:
-        raise UnknownNameError(f"Unknown dictionary ids {unknown} for {release}; valid ids: {valid}.")
-    return {sid: SAE.from_pretrained(release, sid, device=device) for sid in (ids or valid)}
-
-
-def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
+def add_training_window_alive(quality: SuiteQuality, folder) -> None:
     """Alive share over the last sparsity window of training (SAELens' ``sparsity.safetensors`` of the newest
     checkpoint: log10 firing frequency, -10 = never fired), a larger sample than a small evaluation set."""
     checkpoints = sorted(
@@ -291,32 +267,3 @@ def _add_training_window_alive(quality: SuiteQuality, folder) -> None:
         if path.exists():
             row["alive_train_window"] = (load_file(str(path))["sparsity"] > -9.99).float().mean().item()
             row["checkpoint"] = checkpoints[-1].name
-
-
-def report_cli(args: argparse.Namespace, cfg: SAEReportConfig, **overrides: Any) -> int:
-    """``tlql saes report``: load the suite, measure, write ``quality.json`` + table, log via Tracker."""
-
-    cfg = replace(cfg, **overrides)
-    ids = None if args.ids == "all" else [i.strip() for i in args.ids.split(",") if i.strip()]
-    saes = load_suite(args.model, ids, device=args.device)
-    model = load_model(args.model, device=args.device)
-    tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed)
-    suite_file = SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model) / "suite.json"
-    suite = json.loads(suite_file.read_text(encoding="utf-8")) if suite_file.exists() else {}
-    out = Path(args.out)
-    config = {**{k: v for k, v in vars(args).items() if k != "func"}, "report": vars(cfg), "suite": suite}
-    with Tracker(out, project=args.wandb_project, name="saes-report", config=config, use_wandb=args.wandb) as tracker:
-        quality = suite_quality(
-            model, saes, tokens, batch_size=cfg.batch_size, exclude_first_positions=cfg.exclude_first_positions
-        )
-        quality.config = config
-        _add_training_window_alive(quality, SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model))
-        quality.save(out)
-        (out / "quality.md").write_text(quality.markdown() + "\n", encoding="utf-8")
-        tracker.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])
-    print(quality.markdown())
-    print(
-        f"{quality.n_tokens} evaluation tokens, {quality.seconds:.0f} s; dictionaries trained on "
-        f"{suite.get('training_tokens_seen', '?')} tokens each ({suite.get('status', '?')}); written to {out}"
-    )
-    return 0

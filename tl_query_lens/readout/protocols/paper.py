@@ -306,7 +306,7 @@ def readout_diagnostics_paper(
                 alpha -= 1.0 / V
                 alpha[pool["t1"][j]] += 1.0
             dec = decompose_rows(sae, h[j], alpha, rows, n_top=0)
-            c = dec.contributions[0]
+            c = dec.contributions
             q = alpha @ rows.double()
             s0 = hd @ q
             top = [i for i, _ in dec.top(cfg.n_features) if c[i] != 0]

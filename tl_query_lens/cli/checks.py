@@ -1,0 +1,113 @@
+"""Checks of what no config can check alone: paths, files, the model name, the device, sizes against the model.
+
+They run after the options are parsed and before any model is loaded. The embedded model's dimensions are known
+without loading it; other models are checked again by the methods once loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.corpus import read_documents
+from tl_query_lens.errors import InputError, MissingFileError
+from tl_query_lens.models import _ALIASES, EMBEDDED_MODELS, smollm2_config
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What the checks need of a model: blocks, MLP width (an FF-KV dictionary's), vocabulary, context."""
+
+    n_layers: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+
+
+def check_folder(path: str | Path, what: str = "--out") -> Path:
+    """A folder that can be created and written: not a file, under a writable existing ancestor."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
+    ancestor = folder
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{what} {folder} cannot be created: {ancestor} is a file. Choose another path.")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(
+            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. Choose a writable folder."
+        )
+    return folder
+
+
+def check_corpus(source: str, what: str = "--corpus") -> None:
+    """'embedded' / 'stdlib', an existing .txt/.jsonl file or folder with documents (every line of a .jsonl parsed),
+    or a Hugging Face dataset name (read later: needs a hub)."""
+    if source in ("embedded", "stdlib"):
+        return
+    path = Path(source).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix not in {".txt", ".jsonl"}:
+            raise InputError(
+                f"{what} {path}: corpus files are .txt (blank-line-separated documents) or .jsonl "
+                "({'text': ...} per line); rename or convert it."
+            )
+        if not read_documents(path):
+            raise InputError(
+                f"{what} {path} holds no documents; a .txt needs text (documents separated by blank "
+                "lines), a .jsonl one {'text': ...} object per line."
+            )
+        return
+    if source.startswith(("/", ".", "~")) or path.suffix in {".txt", ".jsonl", ".json"} or source.count("/") > 1:
+        raise MissingFileError(
+            f"{what} {source}: no such file or folder. Give an existing .txt/.jsonl file or folder, or 'embedded'."
+        )
+
+
+def check_model_name(name: str) -> ModelDims | None:
+    """Refuse names neither embedded nor known to TransformerLens; dimensions of the embedded model (else None)."""
+    if _ALIASES.get(name.lower(), name.lower()) in EMBEDDED_MODELS:
+        cfg = smollm2_config()
+        return ModelDims(cfg.n_layers, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx)
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    try:
+        get_official_model_name(name)
+    except ValueError:
+        raise InputError(
+            f"--model {name!r} is neither the embedded model ('smollm2-135m', offline) nor a "
+            "TransformerLens model name (transformer_lens.loading.OFFICIAL_MODEL_NAMES)."
+        ) from None
+    return None
+
+
+def check_device(device: str | None) -> None:
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise InputError(f"--device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'.") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available here; use --device cpu.")
+
+
+def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_lens: int | None) -> ModelDims | None:
+    """Model name, device, corpus, ``--out`` and the other ``folders`` (option → path or None), and each of
+    ``seq_lens`` (option name → length) against the embedded model's context. Returns its dimensions (else None)."""
+    dims = check_model_name(run.model)
+    check_device(run.device)
+    for what, path in {"--out": run.out, **(folders or {})}.items():
+        if path:
+            check_folder(path, what)
+    check_corpus(run.corpus)
+    for name, length in {"seq_len": run.seq_len, **seq_lens}.items():
+        if dims is not None and length is not None and length > dims.n_ctx:
+            raise InputError(f"--{name.replace('_', '-')} {length} exceeds the model context {dims.n_ctx}.")
+    return dims

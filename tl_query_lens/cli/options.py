@@ -1,0 +1,120 @@
+"""Command-line options made from config dataclasses: ``n_seqs: int = 32`` becomes ``--n-seqs N`` (default 32), with
+the field's ``Attributes:`` entry as help; ``Literal`` fields get choices, ``bool`` a flag (``--no-x`` when on by
+default), tuples and lists a comma-separated, repeatable value (``bool | tuple``: a flag with optional items).
+:func:`tl_query_lens.cli.configs.build` makes the config back."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+_METAVARS = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
+
+
+def option(name: str) -> str:
+    """``n_seqs`` → ``--n-seqs``."""
+    return "--" + name.replace("_", "-")
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Field → help text, from the ``Attributes:`` sections of ``cls`` and its bases (the nearest class wins)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    helps: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        parts = re.split(
+            r"^Attributes:\s*$", inspect.cleandoc(klass.__dict__.get("__doc__") or ""), 1, flags=re.MULTILINE
+        )
+        text = (
+            " ".join(re.split(r"^\S", parts[-1], maxsplit=1, flags=re.MULTILINE)[0].split()) if len(parts) > 1 else ""
+        )
+        for entry in re.split(r"(?:^|(?<=[.)]))\s+(?=[\w ,/]+:\s)", text):
+            head, _, body = entry.partition(": ")
+            keys = [k.strip() for k in re.split(r"[,/]", head)]
+            if body and all(k in names for k in keys):
+                plain = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", body.strip()).replace("``", "'")
+                helps.update(dict.fromkeys(keys, plain))  # reST roles and literals as plain text
+    return helps
+
+
+def _unwrap(kind: Any) -> tuple[Any, bool]:
+    """``X | None`` → (X, True); anything else → (kind, False)."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = tuple(a for a in args if a is not type(None))
+        return (rest[0] if len(rest) == 1 else typing.Union[rest]), True  # noqa: UP007
+    return kind, False
+
+
+def _flag_or_list(kind: Any) -> bool:
+    """``bool | tuple[str, ...]``: ``--x`` alone means True, ``--x a,b`` the items."""
+    return typing.get_origin(kind) in (typing.Union, types.UnionType) and bool in typing.get_args(kind)
+
+
+def _items(kind: Any) -> Any | None:
+    """Item type of ``tuple[T, ...]``, ``tuple[T, T]``, ``list[T]`` or ``bool | tuple[T, ...]``; else None."""
+    if typing.get_origin(kind) in (tuple, list):
+        return typing.get_args(kind)[0]
+    return next(_items(a) for a in typing.get_args(kind) if a is not bool) if _flag_or_list(kind) else None
+
+
+class _Join(argparse.Action):
+    """A comma list given several times: the values are joined (``--x a --x b`` = ``--x a,b``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        given = getattr(namespace, self.dest)
+        joined = isinstance(given, str) and isinstance(values, str) and given is not self.default
+        setattr(namespace, self.dest, f"{given},{values}" if joined else values)
+
+
+def _shown(value: Any) -> str:
+    return (",".join(map(str, value)) or "''") if isinstance(value, (tuple, list)) else str(value)
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    skip: Iterable[str] = (),
+    defaults: dict[str, Any] | None = None,
+    aliases: dict[str, str] | None = None,
+    taken: set[str] | None = None,
+) -> set[str]:
+    """Add an option per field of ``cls`` that is not in ``skip`` nor ``taken`` (added for another config: the
+    option then feeds both); ``defaults`` replace the CLI's defaults, ``aliases`` add a second spelling. Returns
+    ``taken`` plus the fields added."""
+    hints, helps = typing.get_type_hints(cls), field_help(cls)
+    defaults, aliases, taken = defaults or {}, aliases or {}, set(taken or ())
+    for f in dataclasses.fields(cls):
+        kind = _unwrap(hints[f.name])[0]
+        unsupported = dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind))
+        if f.name in taken or f.name in skip or not f.init or unsupported:
+            continue
+        taken.add(f.name)
+        factory = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else factory)
+        flags = [option(f.name), *([aliases[f.name]] if f.name in aliases else [])]
+        text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
+        if kind is bool:
+            flag, action = (option("no_" + f.name), "store_false") if default else (flags[0], "store_true")
+            parser.add_argument(flag, dest=f.name, action=action, help=text + " (on unless given)" * bool(default))
+            continue
+        spec: dict[str, Any] = {"dest": f.name, "default": default, "help": f"{text} (default: {_shown(default)})"}
+        items = _items(kind)
+        if items is not None:
+            either = _flag_or_list(kind)
+            values = typing.get_args(items) if typing.get_origin(items) is Literal else ("A", "B")
+            spec.update(nargs="?" if either else None, const=True if either else None, action=_Join)
+            spec.update(metavar=",".join(values), help=spec["help"].replace("(default", "(comma-separated; default"))
+        else:
+            choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
+            spec.update(choices=choices, type=kind if kind in (int, float) else str)
+            spec.update(metavar=None if choices else _METAVARS.get(kind, "TEXT"))
+        parser.add_argument(*flags, **spec)
+    return taken

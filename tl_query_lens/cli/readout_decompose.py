@@ -1,0 +1,117 @@
+"""``tlql readout decompose``: one score of one prompt split into readout features (exact, with bias and residual)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from tl_query_lens.cli import command
+from tl_query_lens.cli.configs import build
+from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.run import RunConfig
+
+RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary", "corpus")
+
+
+@dataclass
+class DecomposeOptions:
+    """Which readout SAE, state and score ``tlql readout decompose`` reads (the score: one of --token, --margin,
+    --group, --vocab-contrast; none given: top-1 minus runner-up).
+
+    Attributes:
+        sae_id: readout SAE id in the model's release (fitted with `tlql readout fit`).
+        sae_path: a saved readout SAE folder instead of the release.
+        hook: residual hook read (default: the last block's hook_resid_post).
+        position: token position of the state (-1: the last).
+        top: features listed.
+    """
+
+    sae_id: str = "small"
+    sae_path: str | None = None
+    hook: str | None = None
+    position: int = -1
+    top: int = 10
+
+
+def add_parser(subparsers) -> None:
+    command(
+        subparsers, "decompose", help="decompose one score of one prompt into readout features", configure=configure
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="text; the state is read at --position")
+    add_options(
+        parser,
+        DecomposeOptions,
+        taken=add_options(parser, RunConfig, skip=RUN_SKIP, defaults={"out": "results/readout/decompose"}),
+    )
+    family = parser.add_mutually_exclusive_group()
+    family.add_argument("--token", help="the logit of this token (a string; mind the leading space)")
+    family.add_argument("--margin", nargs=2, metavar=("POS", "NEG"), help="the logit difference POS − NEG")
+    family.add_argument("--group", nargs="+", help="the mean logit of these tokens")
+    family.add_argument("--vocab-contrast", help="this token's logit minus the vocabulary mean")
+    parser.set_defaults(func=run_decompose)
+
+
+def _token_id(model, text: str) -> int:
+    from tl_query_lens.errors import InputError
+
+    ids = model.to_tokens(text, prepend_bos=False)[0].tolist()
+    if len(ids) != 1:
+        raise InputError(f"{text!r} is {len(ids)} tokens ({ids}); give a single token (mind the leading space).")
+    return ids[0]
+
+
+def run_decompose(args: argparse.Namespace) -> int:
+    import torch
+
+    from tl_query_lens import readout as ro
+    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.common import load_model
+    from tl_query_lens.cli.readout import load_readout
+    from tl_query_lens.errors import InputError
+    from tl_query_lens.hooks import check_hook
+    from tl_query_lens.readout.states import logit_lens
+
+    run_cfg, options = build(RunConfig, args, exclude=RUN_SKIP), build(DecomposeOptions, args)
+    check_run(run_cfg)
+    sae_spec = load_readout(run_cfg.model, options.sae_id, options.sae_path)  # checked before the model loads
+    model = load_model(run_cfg)
+    sae = sae_spec()
+    hook = check_hook(model, options.hook or f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    n_tokens = model.to_tokens(args.prompt).shape[1]
+    if not -n_tokens <= options.position < n_tokens:
+        raise InputError(
+            f"--position {options.position} is outside the prompt's {n_tokens} tokens; "
+            f"use 0..{n_tokens - 1} or -1 for the last."
+        )
+    with torch.no_grad():
+        _, cache = model.run_with_cache(args.prompt, names_filter=[hook])
+        h = logit_lens(model)(cache[hook][0, options.position]).float()
+    V = model.cfg.d_vocab
+    if args.token:
+        alpha, what = ro.token_logit(_token_id(model, args.token), V), f"logit {args.token!r}"
+    elif args.margin:
+        pos, neg = args.margin
+        alpha, what = ro.margin(_token_id(model, pos), _token_id(model, neg), V), f"margin {pos!r} − {neg!r}"
+    elif args.group:
+        alpha, what = ro.group_mean([_token_id(model, t) for t in args.group], V), f"group mean {args.group}"
+    elif args.vocab_contrast:
+        token = args.vocab_contrast
+        alpha, what = ro.vocab_mean_contrast(_token_id(model, token), V), f"{token!r} − vocabulary mean"
+    else:
+        alpha, top1, comp = ro.top1_vs_competitor(h, model)
+        what = f"top-1 {model.to_string([top1])!r} − runner-up {model.to_string([comp])!r}"
+    dec = ro.decompose(sae, h, alpha, model=model, n_top=options.top)
+    dec.save(run_cfg.out)
+    print(
+        f"{what} at {hook}[{options.position}]: exact {dec.exact.item():.4f} = bias {dec.bias.item():.4f} "
+        f"+ Σc {dec.contributions.sum().item():.4f} + residual {dec.residual.item():.4f}"
+    )
+    for row in dec.top_features:
+        print(
+            f"  feature {row['feature']:>6}  c = {row['contribution']:+.4f}  (β {row['beta']:+.3f}, "
+            f"p {row['projection']:+.3f})  {row['label']}"
+        )
+    return 0

@@ -1,0 +1,77 @@
+"""``tlql saes report``: quality of each trained dictionary of the suite on the evaluation split."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from tl_query_lens.cli import command
+from tl_query_lens.cli.configs import build
+from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.run import RunConfig
+
+RUN = ("model", "device", "out", "wandb", "wandb_project")
+
+
+@dataclass
+class ReportOptions:
+    """Which dictionaries ``tlql saes report`` measures.
+
+    Attributes:
+        ids: comma-separated dictionary ids of the model's release (tlql-saes-<model>), or 'all'.
+    """
+
+    ids: str = "all"
+
+
+def add_parser(subparsers) -> None:
+    command(
+        subparsers, "report", help="quality of each trained dictionary on the evaluation split", configure=configure
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from tl_query_lens.saes.report import SAEReportConfig
+
+    skip = [f.name for f in fields(RunConfig) if f.name not in RUN]
+    taken = add_options(parser, RunConfig, skip=skip, defaults={"device": "cpu", "out": "results/saes_report"})
+    add_options(parser, ReportOptions, taken=add_options(parser, SAEReportConfig, taken=taken))
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.common import load_model, load_tokens, tracker
+    from tl_query_lens.dictionaries.sources import load_dictionary, release_sources
+    from tl_query_lens.saes.registry import SAES_RELEASES
+    from tl_query_lens.saes.report import COLUMNS, SAEReportConfig, add_training_window_alive, suite_quality
+
+    cfg, options = build(SAEReportConfig, args), build(ReportOptions, args)
+    run_cfg = build(RunConfig, args, corpus=cfg.corpus, seed=cfg.seed, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len)
+    check_run(run_cfg)
+    release = SAES_RELEASES.release_name(run_cfg.model)
+    SAES_RELEASES.register()
+    ids = None if options.ids == "all" else [i.strip() for i in options.ids.split(",") if i.strip()]
+    saes = {s.sae_id: load_dictionary(s, device=run_cfg.device) for s in release_sources(release, ids)}
+    model = load_model(run_cfg)
+    tokens = load_tokens(run_cfg, model, "evaluation")
+    suite_file = SAES_RELEASES.root() / release / "suite.json"
+    suite = json.loads(suite_file.read_text(encoding="utf-8")) if suite_file.exists() else {}
+    out = Path(run_cfg.out)
+    with tracker(run_cfg, "saes-report", args, report=cfg, suite=suite) as track:
+        first = cfg.exclude_first_positions
+        quality = suite_quality(model, saes, tokens, batch_size=cfg.batch_size, exclude_first_positions=first)
+        quality.config = dict(track.config)
+        add_training_window_alive(quality, SAES_RELEASES.root() / release)
+        quality.save(out)
+        (out / "quality.md").write_text(quality.markdown() + "\n", encoding="utf-8")
+        track.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])
+    print(quality.markdown())
+    print(
+        f"{quality.n_tokens} evaluation tokens, {quality.seconds:.0f} s; dictionaries trained on "
+        f"{suite.get('training_tokens_seen', '?')} tokens each ({suite.get('status', '?')}); written to {out}"
+    )
+    return 0
