@@ -104,7 +104,7 @@ def test_config_errors_name_the_option_and_exit_2_before_the_model(monkeypatch, 
 
 def test_sources_forms_and_errors(tmp_path):
     from tl_query_lens import FFKV
-    from tl_query_lens.dictionaries.sources import FORMS, load_dictionary, parse_source
+    from tl_query_lens.sources import FORMS, load_dictionary, parse_source
 
     model = tiny_model("gelu_ln")
     topk = load_dictionary("ffkv:1:topk:4", model)

@@ -18,7 +18,7 @@ from tests.helpers import tiny_model, tiny_tokens
 from tests.test_certify_protocol import HashTokenizer, documents
 from tl_query_lens import FFKV
 from tl_query_lens.cli import main
-from tl_query_lens.dictionaries.sources import load_sources, parse_sources
+from tl_query_lens.sources import load_sources, parse_sources
 from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import max_activating_contexts

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.cli.ranges import parse_layers
-    from tl_query_lens.dictionaries.sources import load_sources, parse_sources
+    from tl_query_lens.sources import load_sources, parse_sources
 
     run_cfg, cfg = build(RunConfig, args), build(protocol.ProtocolCertifyConfig, args)
     dims = check_run(run_cfg)

@@ -22,11 +22,12 @@ from sae_lens import SAE
 from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
 from transformer_lens import HookedTransformer
 
-import tl_query_lens
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.saved import check_sae_folder, load_sae
 from tl_query_lens.errors import InputError, MissingFileError, UnknownNameError
 from tl_query_lens.hooks import hook_layer
+from tl_query_lens.readout import register_releases as register_readout
+from tl_query_lens.saes import register_releases as register_suite
 
 FORMS = (
     "'ffkv' (the MLP of each layer asked for), 'ffkv:<layer>[:vanilla|topk|normalized[:<k>]]', a folder written by "
@@ -81,7 +82,8 @@ def parse_source(spec: str, what: str = "--dictionary") -> DictionarySource:
             variant or k, a folder that holds no loadable SAE, a release SAELens does not know, or an id the
             release does not list (the message lists those it has).
     """
-    tl_query_lens.load_all()  # registers this package's SAELens architectures and releases
+    register_suite()  # this package's releases (importing readout/ and saes/ registered their architectures)
+    register_readout()
     text = spec.strip()
     head, _, rest = text.partition(":")
     if head == "ffkv":
@@ -109,9 +111,6 @@ def _parse_ffkv(text: str, rest: str, what: str) -> DictionarySource:
 def _check_release(release: str, sae_id: str, what: str) -> None:
     directory = get_pretrained_saes_directory()
     if release not in directory:  # a dictionary cached after the releases were registered
-        from tl_query_lens.readout.registry import register_releases as register_readout
-        from tl_query_lens.saes import register_releases as register_suite
-
         register_suite()
         register_readout()
     if release not in directory:
