@@ -37,6 +37,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
+from tl_query_lens.operators import flops
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
 from tl_query_lens.primitives import stop_layer
@@ -309,6 +310,13 @@ def _compute(
         valid[:, skip_positions:] = 1.0
         for sweep in sweeps:
             _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
+            if flops.counting():  # FLOPs from the shapes (operators/flops.py), for throughput reports
+                n_basis = sweep.width(widths)
+                flops.record(
+                    flops.sweep_flops(
+                        model.cfg, sweep.direction, sweep.perturb, sweep.read, n_basis, chunk, *batch.shape
+                    )
+                )
         state.count += batch.shape[0] * (batch.shape[1] - skip_positions)  # |T| from shapes: no device sync
         state.batches_done = b + 1
         if path is not None and world == 1 and b + 1 < len(batches):
@@ -328,6 +336,8 @@ def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
     unique = list(dict.fromkeys(hooks))
     for name in unique:
         check_hook(model, name)
+    if flops.counting():
+        flops.record(flops.FlopCount(probe=flops.probe_flops(model.cfg, unique)))
     return hook_dims(model, unique)
 
 
