@@ -249,11 +249,13 @@ def _compute(
     cache_dir,
     progress: bool,
     max_memory_gb: float | None = None,
+    sweep_dtype: torch.dtype | None = None,
 ) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
     tokens = check_tokens(model, tokens, skip_positions)
+    model = _in_dtype(model, sweep_dtype)
     if max_memory_gb is not None:
         chunk = chunk_for_memory(model, sweeps, widths, min(batch_size, len(tokens)), tokens.shape[1], max_memory_gb)
     basis = basis_fingerprint(sweeps[0].basis) if sweeps[0].basis is not None else None
@@ -332,6 +334,21 @@ def _compute(
     return state
 
 
+_SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _in_dtype(model: HookedTransformer, dtype: torch.dtype | None) -> HookedTransformer:
+    """The model the sweeps run on: ``model`` itself, or its copy in ``dtype`` (``sweep_dtype``)."""
+    if dtype is None or dtype == model.cfg.dtype:
+        return model
+    if dtype not in _SWEEP_DTYPES:
+        raise InputError(f"sweep_dtype must be one of {[str(d) for d in _SWEEP_DTYPES]} or None, not {dtype!r}.")
+    from tl_query_lens.models import copy_model
+
+    logger.info("Sweeping a %s copy of the model (operators accumulate in fp32)", dtype)
+    return copy_model(model, dtype=dtype)
+
+
 def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
     unique = list(dict.fromkeys(hooks))
     for name in unique:
@@ -355,6 +372,7 @@ def value_operators(
     basis: Float[torch.Tensor, "n d_src"] | None = None,
     max_memory_gb: float | None = None,
     destination: str | None = None,
+    sweep_dtype: torch.dtype | None = None,
 ) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
 
@@ -380,6 +398,9 @@ def value_operators(
         max_memory_gb: choose ``chunk`` from this working-memory budget (:func:`chunk_for_memory`).
         destination: the hook the operators map into (``[d_dst, d_src]``), e.g. ``blocks.l.hook_mlp_out`` for the
             corpus-mean Jacobian of an MLP's write w.r.t. its ``mlp.hook_post``; None: the final residual.
+        sweep_dtype: run the sweeps on a copy of the model in this dtype (e.g. ``torch.bfloat16``: tensor-core
+            products, half the activation memory); the operators still accumulate in fp32 and are cached under that
+            dtype. None: the model's own dtype (no copy).
     """
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
@@ -416,6 +437,7 @@ def value_operators(
         cache_dir=cache_dir,
         progress=progress,
         max_memory_gb=max_memory_gb,
+        sweep_dtype=sweep_dtype,
     )
 
 
@@ -432,6 +454,7 @@ def key_operators(
     direction: Direction = "forward",
     basis: Float[torch.Tensor, "n d_dst"] | None = None,
     max_memory_gb: float | None = None,
+    sweep_dtype: torch.dtype | None = None,
 ) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
 
@@ -471,6 +494,7 @@ def key_operators(
         cache_dir=cache_dir,
         progress=progress,
         max_memory_gb=max_memory_gb,
+        sweep_dtype=sweep_dtype,
     )
 
 
@@ -487,6 +511,7 @@ def module_operators(
     direction: Direction = "reverse",
     basis: Float[torch.Tensor, "n d_model"] | None = None,
     max_memory_gb: float | None = None,
+    sweep_dtype: torch.dtype | None = None,
 ) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
     the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
@@ -546,6 +571,7 @@ def module_operators(
         cache_dir=cache_dir,
         progress=progress,
         max_memory_gb=max_memory_gb,
+        sweep_dtype=sweep_dtype,
     )
 
 
