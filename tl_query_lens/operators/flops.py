@@ -315,3 +315,29 @@ def record(count: FlopCount) -> None:
 
 def counting() -> bool:
     return bool(_ACTIVE)
+
+
+# ----- device peaks: what an achieved FLOP/s is compared with ------------------------------------------------------------
+# Dense (no 2:4 sparsity) peaks from NVIDIA's datasheets, TFLOP/s at boost clock: tensor cores for bf16/fp16 and TF32,
+# CUDA cores for plain fp32 (PyTorch's default for fp32 matmuls: torch.backends.cuda.matmul.allow_tf32 is False).
+# Keys are matched against torch.cuda.get_device_name(); the first match wins (NVL/PCIe before the SXM parts).
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200 NVL": {"bfloat16": 835.0, "float16": 835.0, "tf32": 417.5, "float32": 60.0},
+    "H200": {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.5, "float32": 67.0},
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "tf32": 378.0, "float32": 51.0},
+    "H100 80GB HBM3": {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.5, "float32": 67.0},  # H100 SXM5
+    "H100 SXM": {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.5, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5},
+}
+
+
+def peak_tflops(device_name: str, dtype: str, *, tf32: bool = False) -> float | None:
+    """The dense peak (TFLOP/s) of the named device for matrix products in ``dtype``; None when unknown.
+
+    ``tf32``: fp32 products run on the tensor cores in TF32 (``torch.backends.cuda.matmul.allow_tf32``).
+    """
+    kind = "tf32" if dtype == "float32" and tf32 else dtype
+    for key, peaks in PEAK_TFLOPS.items():
+        if key in device_name:
+            return peaks.get(kind)
+    return None
