@@ -1,8 +1,9 @@
 """Benchmark: the operator engine's sweeps in fp32 vs bf16 (``sweep_dtype``), time and accuracy in one run.
 
-For one FF-KV layer it computes the value operator (reverse sweep) and the key operator (forward sweep) twice, with the
-model's fp32 weights and with ``sweep_dtype=torch.bfloat16`` (a bf16 copy of the model; sums still in fp32), and prints:
-the time of each sweep and their ratio, the achieved FLOP/s (operators/flops.py), the relative error of the bf16
+For one FF-KV layer it computes the value operator (reverse sweep) and the key operator (forward sweep) three times:
+with the model's fp32 weights, with ``sweep_dtype=torch.bfloat16`` (a bf16 copy of the model) and with
+``sweep_autocast=True`` as well (bf16 autocast on the fp32 model); sums are fp32 in all three. It prints:
+the time of each sweep and the ratios to fp32, the achieved FLOP/s (operators/flops.py), the relative error of the bf16
 operators (max |Δ| / max |fp32| and ‖Δ‖_F / ‖fp32‖_F), and the mean and minimum top-k Jaccard overlap of the value and
 key signatures of the same features (the signatures are scored in fp32 from each operator). Run::
 
@@ -102,8 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(out))
 
     runs = {}
-    for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        lens = QueryLens(model, tokens, sweep_dtype=dtype, **engine)
+    variants = (("fp32", None, False), ("bf16", torch.bfloat16, False), ("bf16-autocast", torch.bfloat16, True))
+    for label, dtype, autocast in variants:
+        lens = QueryLens(model, tokens, sweep_dtype=dtype, sweep_autocast=autocast, **engine)
         figures = {}
         for side, hooks in (
             ("value", {"value_hooks": [f"blocks.{layer}.hook_resid_post"]}),
@@ -129,26 +131,31 @@ def main(argv: list[str] | None = None) -> dict:
         runs[label] = {"figures": figures, "ops": {"value": value_op, "key": key_op}, "sigs": sigs}
         print(label, json.dumps(figures))
 
-    ref, low = runs["fp32"], runs["bf16"]
-    out["fp32"], out["bf16"] = ref["figures"], low["figures"]
-    out["time_ratio_fp32_over_bf16"] = {
-        side: round(ref["figures"][side]["seconds"] / low["figures"][side]["seconds"], 3) for side in ("value", "key")
-    }
-    out["operator_rel_error"] = {}
-    for side in ("value", "key"):
-        a, b = ref["ops"][side], low["ops"][side]
-        out["operator_rel_error"][side] = {
-            "max": float((b - a).abs().max() / a.abs().max()),
-            "frobenius": float((b - a).norm() / a.norm()),
+    ref = runs["fp32"]
+    out["fp32"] = ref["figures"]
+    for label in ("bf16", "bf16-autocast"):
+        low = runs[label]
+        result: dict = {"figures": low["figures"]}
+        result["time_ratio_fp32_over_this"] = {
+            side: round(ref["figures"][side]["seconds"] / low["figures"][side]["seconds"], 3)
+            for side in ("value", "key")
         }
-    out["signature_jaccard"] = {}
-    for side in ("value", "key"):
-        for end in ("top", "bottom"):
-            j = jaccard(getattr(ref["sigs"][side], f"{end}_ids"), getattr(low["sigs"][side], f"{end}_ids"))
-            out["signature_jaccard"][f"{side} {end}-{args.k}"] = {
-                "mean": round(float(j.mean()), 4),
-                "min": round(float(j.min()), 4),
+        result["operator_rel_error"] = {}
+        for side in ("value", "key"):
+            a, b = ref["ops"][side], low["ops"][side]
+            result["operator_rel_error"][side] = {
+                "max": float((b - a).abs().max() / a.abs().max()),
+                "frobenius": float((b - a).norm() / a.norm()),
             }
+        result["signature_jaccard"] = {}
+        for side in ("value", "key"):
+            for end in ("top", "bottom"):
+                j = jaccard(getattr(ref["sigs"][side], f"{end}_ids"), getattr(low["sigs"][side], f"{end}_ids"))
+                result["signature_jaccard"][f"{side} {end}-{args.k}"] = {
+                    "mean": round(float(j.mean()), 4),
+                    "min": round(float(j.min()), 4),
+                }
+        out[label] = result
     out["n_features"] = len(features)
     print(json.dumps(out, indent=2))
     if args.json:

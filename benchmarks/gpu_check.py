@@ -13,11 +13,13 @@ Steps, in order (each timed; a step that would start after ``--budget-s`` second
 
 1. fp32 sweeps on ``--n-seqs-fp32`` sequences: value operator of one mid layer (reverse sweep: cotangents), key operator
    of its MLP input (forward sweep: tangents).
-2. The same two sweeps with ``sweep_dtype=bfloat16`` on the same sequences, and their accuracy: relative error of the
-   operators, and the top-k Jaccard overlap of the value and key signatures of ``--features`` FF-KV features.
+2. The same two sweeps in bf16 on the same sequences, twice: on a bf16 copy (``sweep_dtype``) and under bf16 autocast
+   on the fp32 model (``sweep_autocast``), each with its accuracy: relative error of the operators, and the top-k
+   Jaccard overlap of the value and key signatures of ``--features`` FF-KV features.
 3. Agreement with the CPU: the value and key operators of ``--slice`` sequence(s) recomputed on an fp32 CPU copy of the
    model (``copy_model``, not ``copy.deepcopy``: see tl_query_lens/models.py), vs the device in fp32 and in bf16.
-4. bf16 throughput sweeps on ``--n-seqs`` sequences: value, key and the module operators of the downstream blocks.
+4. bf16 throughput sweeps on ``--n-seqs`` sequences (a bf16 copy; ``--autocast``: autocast): value, key and the module
+   operators of the downstream blocks.
 5. Every method on the device: Query Lens value (full, first-order) and key signatures, the feature basis, FF-KV splice
    metrics, a certificate, a short readout-SAE fit and one decomposition.
 
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="skip the steps that would start after this many seconds (default 200 on a GPU, none on the CPU)",
     )
+    parser.add_argument(
+        "--autocast", action="store_true", help="throughput sweeps under bf16 autocast, not a bf16 copy"
+    )
     parser.add_argument("--check-flops", action="store_true", help="FlopCounterMode check (default on the CPU)")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -241,42 +246,42 @@ def main(argv: list[str] | None = None) -> dict:
         if bad:
             raise SystemExit(f"FLOP accounting disagrees: {bad}")
 
-    # ----- 2. bf16 on the same sequences, and its accuracy -------------------------------------------------------
+    # ----- 2. bf16 on the same sequences (a bf16 copy, and autocast on the fp32 model), and its accuracy -------
+    variants = {"bf16": {"sweep_dtype": bf16}, "bf16-autocast": {"sweep_dtype": bf16, "sweep_autocast": True}}
     ops16 = {
-        "value": step("value operator bf16 (reverse)", lambda: runs["value"](sweep_dtype=bf16), n32, "bfloat16"),
-        "key": step("key operator bf16 (forward)", lambda: runs["key"](sweep_dtype=bf16), n32, "bfloat16"),
+        (label, kind): step(f"{kind} operator {label} ({how})", lambda k=kind, kw=kw: runs[k](**kw), n32, "bfloat16")
+        for label, kw in variants.items()
+        for kind, how in (("value", "reverse"), ("key", "forward"))
     }
-    accuracy: dict = {}
-    for kind, name_ in (("value", hook), ("key", read)):
-        if ops32[kind] is not None and ops16[kind] is not None:
-            a, b = ops32[kind][name_], ops16[kind][name_]
-            accuracy[f"{kind} operator rel error (max)"] = float((b - a).abs().max() / a.abs().max())
-            accuracy[f"{kind} operator rel error (frobenius)"] = float((b - a).norm() / a.norm())
     ffkv = FFKV.from_model(model, layer, "topk", k=32)
-    if all(v is not None for v in (*ops32.values(), *ops16.values())):
-        features = list(range(min(args.features, ffkv.cfg.d_sae)))
+    features = list(range(min(args.features, ffkv.cfg.d_sae)))
 
-        def signatures():
-            sigs = {}
-            for label, dtype in (("fp32", None), ("bf16", bf16)):
-                lens = QueryLens(model, tokens32, sweep_dtype=dtype, **engine)  # operators from the cache above
-                sigs[label] = (
-                    lens.value_signatures(ffkv, features, k=args.k, method="full"),
-                    lens.key_signatures(ffkv, features, k=args.k),
-                )
-            return sigs
+    def signatures(**kw):
+        lens = QueryLens(model, tokens32, **engine, **kw)  # operators from the cache of the sweeps above
+        return (
+            lens.value_signatures(ffkv, features, k=args.k, method="full"),
+            lens.key_signatures(ffkv, features, k=args.k),
+        )
 
-        sigs = step("signatures fp32 vs bf16", signatures)
+    accuracy: dict = {}
+    reference = step("signatures fp32", signatures) if all(v is not None for v in ops32.values()) else None
+    for label, kw in variants.items():
+        result: dict = {}
+        for kind, name_ in (("value", hook), ("key", read)):
+            if ops32[kind] is not None and ops16[label, kind] is not None:
+                a, b = ops32[kind][name_], ops16[label, kind][name_]
+                result[f"{kind} operator rel error (max)"] = float((b - a).abs().max() / a.abs().max())
+                result[f"{kind} operator rel error (frobenius)"] = float((b - a).norm() / a.norm())
+        have_ops = all(ops16[label, kind] is not None for kind in ("value", "key"))
+        sigs = step(f"signatures {label}", lambda kw=kw: signatures(**kw)) if reference and have_ops else None
         if sigs is not None:
             for i, side in enumerate(("value", "key")):
                 for end in ("top", "bottom"):
-                    j = jaccard(getattr(sigs["fp32"][i], f"{end}_ids"), getattr(sigs["bf16"][i], f"{end}_ids"))
-                    accuracy[f"{side} {end}-{args.k} jaccard (mean, min)"] = [
-                        round(sum(j) / len(j), 4),
-                        round(min(j), 4),
-                    ]
+                    j = jaccard(getattr(reference[i], f"{end}_ids"), getattr(sigs[i], f"{end}_ids"))
+                    result[f"{side} {end}-{args.k} jaccard (mean, min)"] = [round(sum(j) / len(j), 4), round(min(j), 4)]
+        accuracy[label] = result
+        log.info("%s vs fp32 on %d tokens: %s", label, n32, result)
     out["bf16_vs_fp32"] = accuracy
-    log.info("bf16 vs fp32 on %d tokens: %s", n32, accuracy)
 
     # ----- 3. agreement with the CPU (the issue-28 crash): before the long steps, which a tight budget skips first
     part = tokens[: args.slice]
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
             ("key", lambda m, **kw: key_operators(m, part, [read], **no_cache, **kw)[read]),
         ):
             ref = run(cpu_model)
-            for label, kw in (("fp32", {}), ("bf16", {"sweep_dtype": bf16})):
+            for label, kw in (("fp32", {}), *variants.items()):
                 ours = run(model, **kw).cpu()
                 result[f"{kind} {label}"] = float((ours - ref).abs().max() / ref.abs().max())
         return result
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("agreement with the CPU (max |Δ| / max |ref|, %d sequence(s)): %s", args.slice, agree)
     # ----- 4. bf16 throughput ------------------------------------------------------------------------------------
     n_tok = tokens.numel()
-    lens_engine = {**engine, "sweep_dtype": bf16}
+    lens_engine = {**engine, **variants["bf16-autocast" if args.autocast else "bf16"]}
     downstream = range(layer + 1, cfg.n_layers)
     step(
         "value operator bf16 (throughput)",

@@ -62,3 +62,19 @@ def test_bad_sweep_dtype_is_an_input_error():
     model = tiny_model("gelu_ln")
     with pytest.raises(InputError, match="sweep_dtype"):
         value_operators(model, tiny_tokens(model), [HOOK], sweep_dtype=torch.int32, progress=False)
+
+
+def test_autocast_sweep_equals_the_engine_under_torch_autocast(tmp_path):
+    model = tiny_model("gated_rms")
+    tokens = tiny_tokens(model, n_seqs=3, seq_len=8)
+    ours = value_operators(
+        model, tokens, [HOOK], sweep_dtype=torch.bfloat16, sweep_autocast=True, cache_dir=tmp_path, **ENGINE
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the reference: torch's own autocast around the plain engine
+        reference = value_operators(model, tokens, [HOOK], **ENGINE)[HOOK]
+    torch.testing.assert_close(ours[HOOK], reference, rtol=0, atol=0)
+    assert ours.dtype == "bfloat16-autocast" and ours[HOOK].dtype == torch.float32
+    exact = value_operators(model, tokens, [HOOK], **ENGINE)[HOOK]
+    assert 0 < ((ours[HOOK] - exact).abs().max() / exact.abs().max()).item() < 5e-2
+    with pytest.raises(InputError, match="sweep_autocast"):
+        value_operators(model, tokens, [HOOK], sweep_autocast=True, progress=False)

@@ -22,6 +22,7 @@ in isolation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -250,18 +251,26 @@ def _compute(
     progress: bool,
     max_memory_gb: float | None = None,
     sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
     tokens = check_tokens(model, tokens, skip_positions)
-    model = _in_dtype(model, sweep_dtype)
+    if sweep_autocast:
+        if sweep_dtype is None or sweep_dtype == model.cfg.dtype:
+            raise InputError("sweep_autocast=True needs a sweep_dtype other than the model's, e.g. torch.bfloat16.")
+        _in_dtype(model, sweep_dtype, check_only=True)
+        precision = f"{str(sweep_dtype).replace('torch.', '')}-autocast"
+    else:
+        model = _in_dtype(model, sweep_dtype)
+        precision = str(model.cfg.dtype).replace("torch.", "")
     if max_memory_gb is not None:
         chunk = chunk_for_memory(model, sweeps, widths, min(batch_size, len(tokens)), tokens.shape[1], max_memory_gb)
     basis = basis_fingerprint(sweeps[0].basis) if sweeps[0].basis is not None else None
     device = torch.device(model.cfg.device)
     fingerprint = corpus_fingerprint(tokens)
-    dtype = str(model.cfg.dtype).replace("torch.", "")
+    dtype = precision
     model_name = str(model.cfg.model_name)
     local, rank, world = world_slice(tokens)
     path = None
@@ -311,7 +320,8 @@ def _compute(
         valid = torch.zeros(batch.shape, device=batch.device)
         valid[:, skip_positions:] = 1.0
         for sweep in sweeps:
-            _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
+            with torch.autocast(device.type, dtype=sweep_dtype) if sweep_autocast else contextlib.nullcontext():
+                _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
             if flops.counting():  # FLOPs from the shapes (operators/flops.py), for throughput reports
                 n_basis = sweep.width(widths)
                 flops.record(
@@ -337,12 +347,12 @@ def _compute(
 _SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-def _in_dtype(model: HookedTransformer, dtype: torch.dtype | None) -> HookedTransformer:
+def _in_dtype(model, dtype: torch.dtype | None, *, check_only: bool = False):
     """The model the sweeps run on: ``model`` itself, or its copy in ``dtype`` (``sweep_dtype``)."""
-    if dtype is None or dtype == model.cfg.dtype:
-        return model
-    if dtype not in _SWEEP_DTYPES:
+    if dtype is not None and dtype not in _SWEEP_DTYPES:
         raise InputError(f"sweep_dtype must be one of {[str(d) for d in _SWEEP_DTYPES]} or None, not {dtype!r}.")
+    if check_only or dtype is None or dtype == model.cfg.dtype:
+        return model
     from tl_query_lens.models import copy_model
 
     logger.info("Sweeping a %s copy of the model (operators accumulate in fp32)", dtype)
@@ -373,6 +383,7 @@ def value_operators(
     max_memory_gb: float | None = None,
     destination: str | None = None,
     sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (DESIGN §4).
 
@@ -401,6 +412,9 @@ def value_operators(
         sweep_dtype: run the sweeps on a copy of the model in this dtype (e.g. ``torch.bfloat16``: tensor-core
             products, half the activation memory); the operators still accumulate in fp32 and are cached under that
             dtype. None: the model's own dtype (no copy).
+        sweep_autocast: with ``sweep_dtype``, run the sweeps under ``torch.autocast(device, sweep_dtype)`` on the
+            model itself instead of a copy: matrix products in ``sweep_dtype``, norms, softmax and the residual
+            stream in the model's dtype (more accurate than a bf16 copy; docs/gpu.md). Cached as ``"<dtype>-autocast"``.
     """
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
@@ -438,6 +452,7 @@ def value_operators(
         progress=progress,
         max_memory_gb=max_memory_gb,
         sweep_dtype=sweep_dtype,
+        sweep_autocast=sweep_autocast,
     )
 
 
@@ -455,6 +470,7 @@ def key_operators(
     basis: Float[torch.Tensor, "n d_dst"] | None = None,
     max_memory_gb: float | None = None,
     sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (DESIGN §4).
 
@@ -495,6 +511,7 @@ def key_operators(
         progress=progress,
         max_memory_gb=max_memory_gb,
         sweep_dtype=sweep_dtype,
+        sweep_autocast=sweep_autocast,
     )
 
 
@@ -512,6 +529,7 @@ def module_operators(
     basis: Float[torch.Tensor, "n d_model"] | None = None,
     max_memory_gb: float | None = None,
     sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
     the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
@@ -572,6 +590,7 @@ def module_operators(
         progress=progress,
         max_memory_gb=max_memory_gb,
         sweep_dtype=sweep_dtype,
+        sweep_autocast=sweep_autocast,
     )
 
 
