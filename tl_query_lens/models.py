@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import logging
@@ -12,10 +13,10 @@ from pathlib import Path
 import torch
 from sae_lens import HookedSAETransformer
 from safetensors.torch import load_file, save_file
-from transformer_lens import HookedTransformerConfig
+from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
-from tl_query_lens.errors import UnavailableError
+from tl_query_lens.errors import InputError, UnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +167,53 @@ def load_model(
             f"Could not load model {name!r}: {err}. Offline, use the embedded model: load_model('smollm2-135m'). "
             f"Other names need TransformerLens' supported list and a reachable model hub."
         ) from err
+
+
+def copy_model(
+    model: HookedTransformer,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> HookedTransformer:
+    """An independent copy of ``model``, optionally on another device and/or in another dtype.
+
+    Use this instead of ``copy.deepcopy(model)``. A ``HookedSAETransformer`` wraps every MLP's ``forward`` in a closure
+    (SAELens' ``mlp.hook_in``) that holds the MLP it was built for; ``deepcopy`` copies the modules but keeps that
+    closure, so the copy's MLPs still run the ORIGINAL's weights: a "CPU copy" of a CUDA model multiplies CPU inputs by
+    CUDA weights, and a same-device copy silently follows every later change of the original's MLP weights.
+
+    This builds a fresh model of the same class from a copy of ``model.cfg`` (device and dtype adjusted; no random
+    init), so the class's own constructor installs wrappers bound to the new modules, then loads the state dict
+    (cast to ``dtype`` on the way) and carries the tokenizer and the train/eval mode. Hooks added to the original
+    (``add_hook``, ``model.hooks``) are not carried.
+
+    Args:
+        model: a ``HookedTransformer`` or ``HookedSAETransformer`` (no SAEs attached: ``model.reset_saes()`` first).
+        device: the copy's device (default: the original's).
+        dtype: the copy's parameter dtype (default: the original's).
+
+    Returns:
+        The copy; it shares no parameter, buffer or forward closure with ``model``.
+    """
+    if not isinstance(model, HookedTransformer):
+        raise InputError(f"copy_model needs a HookedTransformer, got {type(model).__name__}.")
+    if getattr(model, "_acts_to_saes", None):
+        raise InputError(
+            f"The model has SAEs attached at {sorted(model._acts_to_saes)}: call model.reset_saes() before "
+            "copy_model, then attach copies of the SAEs to the copy."
+        )
+    cfg = copy.deepcopy(model.cfg)
+    if device is not None:
+        cfg.device = str(torch.device(device))
+        cfg.n_devices = 1
+    if dtype is not None:
+        cfg.dtype = dtype
+    tokenizer_name, init_weights = cfg.tokenizer_name, cfg.init_weights
+    cfg.tokenizer_name, cfg.init_weights = None, False  # no hub look-up, no random init: the weights come next
+    clone = type(model)(cfg)
+    cfg.tokenizer_name, cfg.init_weights = tokenizer_name, init_weights
+    clone.tokenizer = model.tokenizer  # device-free; set_tokenizer would re-derive it (and may reach the hub)
+    if torch.device(cfg.device).type != "meta":  # meta tensors hold no data: nothing to load
+        with torch.no_grad():
+            clone.load_state_dict(model.state_dict(), strict=True)  # copy_ casts device and dtype
+    clone.train(model.training)
+    return clone

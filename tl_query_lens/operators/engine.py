@@ -22,6 +22,7 @@ in isolation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
+from tl_query_lens.operators import flops
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
 from tl_query_lens.primitives import stop_layer
@@ -248,17 +250,27 @@ def _compute(
     cache_dir,
     progress: bool,
     max_memory_gb: float | None = None,
+    sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     if chunk < 1 or batch_size < 1:
         raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
     tokens = check_tokens(model, tokens, skip_positions)
+    if sweep_autocast:
+        if sweep_dtype is None or sweep_dtype == model.cfg.dtype:
+            raise InputError("sweep_autocast=True needs a sweep_dtype other than the model's, e.g. torch.bfloat16.")
+        _in_dtype(model, sweep_dtype, check_only=True)
+        precision = f"{str(sweep_dtype).replace('torch.', '')}-autocast"
+    else:
+        model = _in_dtype(model, sweep_dtype)
+        precision = str(model.cfg.dtype).replace("torch.", "")
     if max_memory_gb is not None:
         chunk = chunk_for_memory(model, sweeps, widths, min(batch_size, len(tokens)), tokens.shape[1], max_memory_gb)
     basis = basis_fingerprint(sweeps[0].basis) if sweeps[0].basis is not None else None
     device = torch.device(model.cfg.device)
     fingerprint = corpus_fingerprint(tokens)
-    dtype = str(model.cfg.dtype).replace("torch.", "")
+    dtype = precision
     model_name = str(model.cfg.model_name)
     local, rank, world = world_slice(tokens)
     path = None
@@ -308,7 +320,15 @@ def _compute(
         valid = torch.zeros(batch.shape, device=batch.device)
         valid[:, skip_positions:] = 1.0
         for sweep in sweeps:
-            _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
+            with torch.autocast(device.type, dtype=sweep_dtype) if sweep_autocast else contextlib.nullcontext():
+                _run_sweep(model, batch, sweep, valid, widths, state.sums, chunk, bar)
+            if flops.counting():  # FLOPs from the shapes (operators/flops.py), for throughput reports
+                n_basis = sweep.width(widths)
+                flops.record(
+                    flops.sweep_flops(
+                        model.cfg, sweep.direction, sweep.perturb, sweep.read, n_basis, chunk, *batch.shape
+                    )
+                )
         state.count += batch.shape[0] * (batch.shape[1] - skip_positions)  # |T| from shapes: no device sync
         state.batches_done = b + 1
         if path is not None and world == 1 and b + 1 < len(batches):
@@ -324,10 +344,27 @@ def _compute(
     return state
 
 
+_SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _in_dtype(model, dtype: torch.dtype | None, *, check_only: bool = False):
+    """The model the sweeps run on: ``model`` itself, or its copy in ``dtype`` (``sweep_dtype``)."""
+    if dtype is not None and dtype not in _SWEEP_DTYPES:
+        raise InputError(f"sweep_dtype must be one of {[str(d) for d in _SWEEP_DTYPES]} or None, not {dtype!r}.")
+    if check_only or dtype is None or dtype == model.cfg.dtype:
+        return model
+    from tl_query_lens.models import copy_model
+
+    logger.info("Sweeping a %s copy of the model (operators accumulate in fp32)", dtype)
+    return copy_model(model, dtype=dtype)
+
+
 def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
     unique = list(dict.fromkeys(hooks))
     for name in unique:
         check_hook(model, name)
+    if flops.counting():
+        flops.record(flops.FlopCount(probe=flops.probe_flops(model.cfg, unique)))
     return hook_dims(model, unique)
 
 
@@ -345,6 +382,8 @@ def value_operators(
     basis: Float[torch.Tensor, "n d_src"] | None = None,
     max_memory_gb: float | None = None,
     destination: str | None = None,
+    sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (docs/design.md §4).
 
@@ -370,6 +409,12 @@ def value_operators(
         max_memory_gb: choose ``chunk`` from this working-memory budget (:func:`chunk_for_memory`).
         destination: the hook the operators map into (``[d_dst, d_src]``), e.g. ``blocks.l.hook_mlp_out`` for the
             corpus-mean Jacobian of an MLP's write w.r.t. its ``mlp.hook_post``; None: the final residual.
+        sweep_dtype: run the sweeps on a copy of the model in this dtype (e.g. ``torch.bfloat16``: tensor-core
+            products, half the activation memory); the operators still accumulate in fp32 and are cached under that
+            dtype. None: the model's own dtype (no copy).
+        sweep_autocast: with ``sweep_dtype``, run the sweeps under ``torch.autocast(device, sweep_dtype)`` on the
+            model itself instead of a copy: matrix products in ``sweep_dtype``, norms, softmax and the residual
+            stream in the model's dtype (more accurate than a bf16 copy; docs/gpu.md). Cached as ``"<dtype>-autocast"``.
     """
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
@@ -406,6 +451,8 @@ def value_operators(
         cache_dir=cache_dir,
         progress=progress,
         max_memory_gb=max_memory_gb,
+        sweep_dtype=sweep_dtype,
+        sweep_autocast=sweep_autocast,
     )
 
 
@@ -422,6 +469,8 @@ def key_operators(
     direction: Direction = "forward",
     basis: Float[torch.Tensor, "n d_dst"] | None = None,
     max_memory_gb: float | None = None,
+    sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (docs/design.md §4).
 
@@ -461,6 +510,8 @@ def key_operators(
         cache_dir=cache_dir,
         progress=progress,
         max_memory_gb=max_memory_gb,
+        sweep_dtype=sweep_dtype,
+        sweep_autocast=sweep_autocast,
     )
 
 
@@ -477,6 +528,8 @@ def module_operators(
     direction: Direction = "reverse",
     basis: Float[torch.Tensor, "n d_model"] | None = None,
     max_memory_gb: float | None = None,
+    sweep_dtype: torch.dtype | None = None,
+    sweep_autocast: bool = False,
 ) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
     the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
@@ -536,6 +589,8 @@ def module_operators(
         cache_dir=cache_dir,
         progress=progress,
         max_memory_gb=max_memory_gb,
+        sweep_dtype=sweep_dtype,
+        sweep_autocast=sweep_autocast,
     )
 
 

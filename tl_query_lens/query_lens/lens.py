@@ -76,7 +76,9 @@ class QueryLens:
         model: the clean TransformerLens model (no SAEs spliced in).
         tokens: ``[batch, pos]`` corpus the operators are averaged over.
         skip_positions: leading positions excluded from the valid tokens T.
-        chunk / batch_size / cache_dir / progress / max_memory_gb: passed to the engine.
+        chunk / batch_size / cache_dir / progress / max_memory_gb / sweep_dtype / sweep_autocast: passed to the
+            engine (``sweep_dtype=torch.bfloat16``: operator sweeps on a bf16 copy of the model, fp32 accumulation;
+            with ``sweep_autocast=True`` under bf16 autocast on the model itself).
         feature_chunk: features scored per matmul against the vocabulary (memory ∝ feature_chunk × d_vocab).
         basis: how the engine is asked for a request of n features. ``"identity"``: the full operator (d tangent
             passes; kept and reused for every later request). ``"features"``: the n requested value directions
@@ -98,6 +100,8 @@ class QueryLens:
         progress: bool = True,
         basis: Basis = "auto",
         max_memory_gb: float | None = None,
+        sweep_dtype: torch.dtype | None = None,
+        sweep_autocast: bool = False,
     ) -> None:
         if feature_chunk < 1:
             raise ValueError(f"feature_chunk must be ≥ 1, got {feature_chunk}.")
@@ -115,6 +119,8 @@ class QueryLens:
             "cache_dir": cache_dir,
             "progress": progress,
             "max_memory_gb": max_memory_gb,
+            "sweep_dtype": sweep_dtype,
+            "sweep_autocast": sweep_autocast,
         }
         self._pushed: dict[tuple[str, str, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
         self._value: dict[str | tuple[str, str], torch.Tensor] = {}  # hook, or (source, destination)
