@@ -14,7 +14,6 @@ from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 
 import tl_query_lens.saes  # noqa: F401  (registers the release and the transcoder class)
 from tests.helpers import tiny_model, tiny_tokens
-from tl_query_lens.sources import release_sources
 from tl_query_lens.dictionaries.splice import splice_metrics
 from tl_query_lens.saes.registry import SAES_RELEASES, parse_sae_id, sae_id
 from tl_query_lens.saes.report import suite_quality
@@ -25,6 +24,7 @@ from tl_query_lens.saes.transcoder import (
     TopKTrainingTranscoderConfig,
     TopKTranscoder,
 )
+from tl_query_lens.sources import release_sources
 
 TINY = {
     "model": "tiny-test",

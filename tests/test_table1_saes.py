@@ -18,11 +18,11 @@ from tests.helpers import tiny_model, tiny_tokens
 from tests.test_certify_protocol import HashTokenizer, documents
 from tl_query_lens import FFKV
 from tl_query_lens.cli import main
-from tl_query_lens.sources import load_sources, parse_sources
 from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import max_activating_contexts
 from tl_query_lens.query_lens.table1 import evaluate_table1
+from tl_query_lens.sources import load_sources, parse_sources
 
 LAYER, HOOK = 1, "blocks.1.hook_resid_post"
 DEAD = (0, 5, 9)  # features whose encoder bias keeps them out of every top-k

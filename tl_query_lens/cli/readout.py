@@ -98,9 +98,9 @@ def run_fit(args: argparse.Namespace) -> int:
 
 def load_readout(model_name: str, sae_id: str, sae_path: str | None) -> Callable[[], Any]:
     """Check that the readout SAE exists (the folder, or ``sae_id`` fitted in the user cache) and return its loader."""
-    from tl_query_lens.sources import load_dictionary, parse_source
     from tl_query_lens.errors import InputError
     from tl_query_lens.readout.registry import READOUT_RELEASES, fit_command, release_name
+    from tl_query_lens.sources import load_dictionary, parse_source
 
     if not sae_path and sae_id not in READOUT_RELEASES.available_ids(model_name):
         preset = sae_id if sae_id in ("small", "paper") else "small"

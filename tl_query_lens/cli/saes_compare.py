@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.dictionaries.absorption import AbsorptionConfig
     from tl_query_lens.dictionaries.compare import CompareConfig, DictionaryComparison, compare_dictionaries
-    from tl_query_lens.sources import load_dictionary, parse_source, release_ids
     from tl_query_lens.errors import InputError
     from tl_query_lens.hooks import hook_layer
+    from tl_query_lens.sources import load_dictionary, parse_source, release_ids
 
     run_cfg, options = build(RunConfig, args), build(CompareOptions, args)
     absorption = build(AbsorptionConfig, args, exclude=("batch_size",)) if options.absorption else None

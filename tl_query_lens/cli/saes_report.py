@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
-    from tl_query_lens.sources import load_dictionary, release_sources
     from tl_query_lens.saes.registry import SAES_RELEASES
     from tl_query_lens.saes.report import COLUMNS, SAEReportConfig, add_training_window_alive, suite_quality
+    from tl_query_lens.sources import load_dictionary, release_sources
 
     cfg, options = build(SAEReportConfig, args), build(ReportOptions, args)
     run_cfg = build(RunConfig, args, corpus=cfg.corpus, seed=cfg.seed, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len)
