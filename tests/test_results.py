@@ -32,6 +32,7 @@ from tl_query_lens.readout.fit import ReadoutFit
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult, write_json
+from tl_query_lens.saes.release import ReleaseFidelity
 from tl_query_lens.saes.report import SuiteQuality
 from tl_query_lens.saes.train import SAESuiteResult
 
@@ -63,6 +64,7 @@ RESULT_CLASSES = [
     FaithfulnessResult,
     SAESuiteResult,
     SuiteQuality,
+    ReleaseFidelity,
 ]
 SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.25]
 

@@ -73,7 +73,7 @@ class DemoConfig:
             "operator_seqs": 1,
             "seq_len": 12,
             "splice_seqs": 4,
-            "readout_sae_id": "small",
+            "readout_sae_id": "quick",  # an 80-step fit: never cached under the full preset's id
             "readout_overrides": {"width_mult": 2, "k": 32, "steps": 80, "n_seqs": 8},
             "cert_layer": 24,
             "n_cal": 32,

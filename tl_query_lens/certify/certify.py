@@ -181,9 +181,9 @@ class CertifyConfig:
         if self.exclude_first_positions < 0:
             raise InputError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
         if not 0 < self.delta < 1:
-            raise InputError(f"delta must lie strictly between 0 and 1, got {self.delta}.")
+            raise InputError(f"delta must lie strictly between 0 and 1 (delta must be in (0, 1)), got {self.delta}.")
         if not 0 < self.alpha < 1:
-            raise InputError(f"alpha must lie strictly between 0 and 1, got {self.alpha}.")
+            raise InputError(f"alpha must lie strictly between 0 and 1 (alpha must be in (0, 1)), got {self.alpha}.")
         if self.rule not in ("topk", "native"):
             raise InputError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
         if self.k < 1 or self.batch_size < 1:

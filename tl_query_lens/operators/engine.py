@@ -38,6 +38,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
+from tl_query_lens.models import copy_model
 from tl_query_lens.operators import flops
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
@@ -353,8 +354,6 @@ def _in_dtype(model, dtype: torch.dtype | None, *, check_only: bool = False):
         raise InputError(f"sweep_dtype must be one of {[str(d) for d in _SWEEP_DTYPES]} or None, not {dtype!r}.")
     if check_only or dtype is None or dtype == model.cfg.dtype:
         return model
-    from tl_query_lens.models import copy_model
-
     logger.info("Sweeping a %s copy of the model (operators accumulate in fp32)", dtype)
     return copy_model(model, dtype=dtype)
 
