@@ -141,3 +141,44 @@ def test_the_shipped_release_loads_offline_and_verifies():
     total = sum(p.stat().st_size for p in Path(releases.shipped_root()).rglob("*") if p.is_file())  # the whole release
     assert total <= 50_000_000 and all(e["bytes"] <= 25_000_000 for e in manifest["files"].values())
     assert READOUT_RELEASES.shipped_ids("smollm2-135m") == ["small"]
+
+
+def test_readout_sae_ships_without_codes_and_recomputes_them_on_bind(shipped):
+    """The packed readout SAE leaves its row codes out; binding it to the model recomputes them, and the exact
+    identity exact = bias + Σ contributions + residual holds against the clean score h·(α W_U rows)."""
+    from tl_query_lens.readout import bind, decompose
+    from tl_query_lens.readout.fit import fit_readout
+    from tl_query_lens.readout.sae import unembedding_rows
+
+    model = tiny_model("gelu_ln")
+    source = fit_readout(model, tiny_tokens(model, n_seqs=4, seq_len=8), width=32, k=4, steps=30, progress=False).sae
+    source.save_model(READOUT_RELEASES.cached_path("tiny-test", "small"))
+    pack_release(READOUT_RELEASES, "tiny-test", ["small"], source={"test": True})
+    import shutil
+
+    shutil.rmtree(READOUT_RELEASES.cached_path("tiny-test", "small"))
+    from safetensors.torch import load_file
+
+    stored = set(load_file(str(shipped / "tlql-readout-tiny-test" / "small" / "sae_weights.int8.safetensors")))
+    READOUT_RELEASES.register({"tiny-test": {"model": "tiny", "repo_id": None, "sae_ids": []}})
+    loaded = SAE.from_pretrained("tlql-readout-tiny-test", "small")
+    assert loaded.codes_pending
+    with pytest.raises(RuntimeError, match="bind"):
+        loaded.row_codes()
+    bind(model, loaded)
+    assert not loaded.codes_pending
+    # The recomputed codes are the dequantised encoder's TopK of the normalised rows (independent reference here).
+    rows = unembedding_rows(model).to(loaded.W_enc)
+    x = (rows - loaded.b_dec) / (rows - loaded.b_dec).norm(dim=-1, keepdim=True)
+    ref = torch.relu(x @ loaded.W_enc + loaded.b_enc).topk(4, dim=-1).indices.sort(-1).values
+    assert torch.equal(loaded.code_indices.sort(-1).values, ref)
+    # Most rows keep the source's support through int8 (the fidelity script measures it on the real dictionary).
+    same = (source.code_indices.sort(-1).values == loaded.code_indices.sort(-1).values).all(-1).float().mean()
+    assert same > 0.8
+    h = torch.randn(3, model.cfg.d_model, dtype=torch.float64)
+    alpha = torch.zeros(model.cfg.d_vocab)
+    alpha[[1, 5]] = torch.tensor([1.0, -1.0])
+    dec = decompose(loaded, h, alpha)
+    exact = h @ (alpha.double() @ rows.double())
+    assert torch.allclose(dec.bias + dec.contributions.sum(-1) + dec.residual, exact, atol=1e-8)
+    assert "row_norms" in stored and not {"code_values", "code_indices_base256", "code_indices"} & stored

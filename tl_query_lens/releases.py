@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,10 +148,12 @@ def read_shipped(
     return cfg, dequantise_state(stored, str_to_dtype(cfg.get("dtype", "float32")), device)
 
 
-def write_shipped(sae_folder: Path, release_dir: Path, sae_id: str) -> Path:
-    """Pack one SAELens folder (``cfg.json`` + ``sae_weights.safetensors``) into ``release_dir/sae_id``."""
+def write_shipped(sae_folder: Path, release_dir: Path, sae_id: str, *, drop: Collection[str] = ()) -> Path:
+    """Pack one SAELens folder (``cfg.json`` + ``sae_weights.safetensors``) into ``release_dir/sae_id``.
+
+    ``drop``: tensors left out because the dictionary recomputes them on load (a readout SAE's row codes)."""
     cfg = json.loads((Path(sae_folder) / "cfg.json").read_text(encoding="utf-8"))
-    state = load_file(str(Path(sae_folder) / "sae_weights.safetensors"))
+    state = {k: v for k, v in load_file(str(Path(sae_folder) / "sae_weights.safetensors")).items() if k not in drop}
     out = release_dir / sae_id
     out.mkdir(parents=True, exist_ok=True)
     cfg["dtype"] = "float32"

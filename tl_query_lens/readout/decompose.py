@@ -273,6 +273,7 @@ def feature_top_rows(sae: ReadoutSAE, feature: int, n: int = 6) -> list[int]:
     """Token ids of the vocabulary rows with the largest code z_{t,i} on ``feature``."""
     if not 0 <= feature < sae.cfg.d_sae:
         raise IndexError(f"Feature {feature} is out of range 0..{sae.cfg.d_sae - 1}.")
+    sae.check_codes()
     rows, slots = (sae.code_indices == feature).nonzero(as_tuple=True)
     vals = sae.code_values[rows, slots]
     order = vals.argsort(descending=True)[:n]

@@ -10,7 +10,10 @@ As an SAELens SAE the input is a row w (d_in = d_model): ``encode(w)`` returns t
 and ``decode(z) = z W_dec + b_dec`` with ``b_dec = μ``, so ``decode(encode(w_t))`` reconstructs w_t. The paper's
 "no decoder bias" refers to the normalised space; in row space the only shift is the shared bias μ.
 The fitted codes of every vocabulary row are stored (``code_indices``/``code_values``, [d_vocab, k]) together with
-the row norms a_t, so a saved dictionary decomposes scores without re-encoding.
+the row norms a_t, so a saved dictionary decomposes scores without re-encoding. The release shipped inside the package
+leaves the codes out (they are 38 of its 41 MB): they are a function of the encoder and the LM-head rows, so the
+first :func:`check_compatible` against the model (which every readout method calls) recomputes them with
+:meth:`ReadoutSAE.store_codes`; until then reading them raises.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
         # The LM-head rows set by :func:`~tl_query_lens.readout.decompose.bind` (not saved; moved by ``.to``).
         self.register_buffer("bound_rows", None, persistent=False)
         self._residual_cache: tuple | None = None
+        self.codes_pending = False  # True for a dictionary loaded without its codes (the shipped release)
 
     # ----------------------------------------------------------------------------------------------- SAE interface
     @property
@@ -150,6 +154,14 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
 
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
         super().process_state_dict_for_loading(state_dict)
+        if CODE_KEYS.isdisjoint(state_dict):  # packed without codes: recomputed against the model's rows on bind
+            self.codes_pending = True
+            like = state_dict["row_norms"]  # the module may still be on the meta device here
+            shape = (self.cfg.d_vocab, self.cfg.k)
+            state_dict["code_indices"] = torch.zeros(shape, dtype=torch.int64, device=like.device)
+            state_dict["code_values"] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            return
+        self.codes_pending = False
         if ID_DIGITS_KEY in state_dict:
             state_dict["code_indices"] = digits_to_ids(state_dict.pop(ID_DIGITS_KEY))
         elif "code_indices" in state_dict:  # saved before the digit format: exact only in float32 / float64
@@ -165,10 +177,19 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
     # -------------------------------------------------------------------------------------------- stored codes
     def row_codes(self, tokens: Int[torch.Tensor, " n"] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored sparse codes (indices, values) of the given vocabulary rows (all rows by default)."""
+        self.check_codes()
         if tokens is None:
             return self.code_indices, self.code_values
         tokens = self.check_tokens(tokens)
         return self.code_indices[tokens], self.code_values[tokens]
+
+    def check_codes(self) -> None:
+        """Raise while the codes of a dictionary loaded without them have not been recomputed."""
+        if self.codes_pending:
+            raise RuntimeError(
+                "This readout SAE was loaded without its row codes (the shipped release recomputes them from the "
+                "model): call tl_query_lens.readout.bind(model, sae) first, or any readout function with the model."
+            )
 
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, device=self.code_indices.device).long()
@@ -188,6 +209,7 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
 
     def _float64_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # The cache holds ``rows`` itself, so ``is`` + version counters identify it (no reused data_ptr can alias).
+        self.check_codes()
         versions = (rows._version, self.W_dec._version, self.b_dec._version, self.code_values._version)
         cached = self._residual_cache
         if cached is None or cached[0] is not rows or cached[1] != versions:
@@ -216,6 +238,8 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
             idx, val = topk_relu_codes(pre, self.cfg.k)
             self.code_indices[start : start + batch_size] = idx
             self.code_values[start : start + batch_size] = val * norms[start : start + batch_size, None]
+        self.codes_pending = False
+        self._residual_cache = None
 
     # ------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -246,6 +270,7 @@ def _operation(name: str) -> Callable[..., Any]:
 
 
 ID_DIGITS_KEY = "code_indices_base256"
+CODE_KEYS = frozenset({"code_values", "code_indices", ID_DIGITS_KEY})  # left out of the shipped release
 
 
 def ids_to_digits(ids: torch.Tensor, d_sae: int) -> torch.Tensor:
@@ -301,6 +326,8 @@ def check_compatible(sae: ReadoutSAE, model, *, atol: float = 1e-3) -> None:
             f"The model's LM-head rows differ from the ones this readout SAE was fitted to (max row-norm "
             f"difference {err:.3g}); load the same model (same fold_ln settings) or refit."
         )
+    if sae.codes_pending:  # a shipped dictionary: its codes are the encoder's TopK codes of these rows
+        sae.store_codes(rows.to(sae.W_enc))
 
 
 if "readout" not in SAE_CLASS_REGISTRY:

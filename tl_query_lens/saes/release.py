@@ -27,6 +27,7 @@ from sae_lens.registry import get_sae_class
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.models import load_model
 from tl_query_lens.readout.registry import READOUT_RELEASES
+from tl_query_lens.readout.sae import CODE_KEYS, ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.releases import LocalReleases, read_shipped, shipped_root, write_manifest, write_shipped
 from tl_query_lens.results import SavableResult
 from tl_query_lens.saes.registry import SAES_RELEASES
@@ -41,7 +42,10 @@ def pack_release(family: LocalReleases, model_name: str, sae_ids: list[str], *, 
 
     Partial dictionaries (ids ending in ``.partial``) are refused. The folder is rebuilt from scratch (staging
     folder, then one rename) and its manifest records every file's sha256 plus ``source`` (what was packed).
+    A readout SAE is packed without its row codes (recomputed from the model on first use, see
+    :mod:`tl_query_lens.readout.sae`).
     """
+    drop = CODE_KEYS if family is READOUT_RELEASES else frozenset()
     partial = [sid for sid in sae_ids if sid.endswith(".partial")]
     if partial:
         raise ValueError(f"Refusing to ship unfinished dictionaries {partial}; finish their training first.")
@@ -49,7 +53,7 @@ def pack_release(family: LocalReleases, model_name: str, sae_ids: list[str], *, 
     staging = target.with_name(target.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
     for sid in sae_ids:
-        write_shipped(family.cached_path(model_name, sid), staging, sid)
+        write_shipped(family.cached_path(model_name, sid), staging, sid, drop=drop)
     write_manifest(staging, {"release": family.release_name(model_name), "format": "int8-per-feature", **source})
     sizes = {p: p.stat().st_size for p in staging.rglob("*") if p.is_file()}
     big = [f"{p.name} ({n / 1e6:.1f} MB)" for p, n in sizes.items() if n > MAX_FILE_BYTES]
@@ -129,6 +133,31 @@ def release_fidelity(
     return ReleaseFidelity(rows=rows, n_tokens=q_src.n_tokens, seconds=time.perf_counter() - start)
 
 
+@torch.no_grad()
+def readout_fidelity(model, source: ReadoutSAE, packed: ReadoutSAE, sae_id: str) -> dict[str, Any]:
+    """Packed vs source readout SAE on the model's own LM-head rows: same TopK supports per row, and row EV
+    (1 − Σ‖w_t − ŵ_t‖² / Σ‖w_t − w̄‖²) from the source's stored codes and the packed one's recomputed codes."""
+    check_compatible(source, model)
+    check_compatible(packed, model)  # recomputes the packed dictionary's codes from its (dequantised) encoder
+    rows = unembedding_rows(model).to(source.W_dec)
+    total = (rows - rows.mean(0)).pow(2).sum()
+    ev = [1 - ((rows - sae.reconstructed_rows()).pow(2).sum() / total).item() for sae in (source, packed)]
+    sa, sb = source.code_indices.sort(-1).values, packed.code_indices.sort(-1).values
+    same = (sa[:, :, None] == sb[:, None, :]).any(-1)
+    rel = max(
+        ((getattr(packed, n) - getattr(source, n)).norm() / getattr(source, n).norm()).item()
+        for n in ("W_enc", "W_dec")
+    )
+    return {
+        "sae_id": sae_id,
+        "explained_variance_source": ev[0],
+        "explained_variance_packed": ev[1],
+        "support_identical": same.all(-1).float().mean().item(),
+        "support_overlap": same.float().mean().item(),
+        "max_rel_weight_error": rel,
+    }
+
+
 def _load_packed(family: LocalReleases, model_name: str, sid: str) -> SAE:
     cfg, state = read_shipped(family.shipped_dir(model_name), sid)
     cfg = handle_config_defaulting(cfg)
@@ -166,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     sources = {sid: SAE.load_from_disk(str(SAES_RELEASES.cached_path(args.model, sid))) for sid in suite_ids}
     packed = {sid: _load_packed(SAES_RELEASES, args.model, sid) for sid in suite_ids}
     result = release_fidelity(model, sources, packed, tokens)
+    for rid in readout_ids:
+        source = SAE.load_from_disk(str(READOUT_RELEASES.cached_path(args.model, rid)))
+        result.rows.append(readout_fidelity(model, source, _load_packed(READOUT_RELEASES, args.model, rid), rid))
     result.config = {"n_seqs": args.n_seqs, "seq_len": args.seq_len, "corpus": "stdlib", "split": "evaluation"}
     result.save(args.out)
     for row in result.rows:
