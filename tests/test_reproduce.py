@@ -1,0 +1,116 @@
+"""``reproduce``: rows read through the presentation interface, resumable experiments, documented intervals, and the
+exit status of ``tlql reproduce``. The experiments here are stand-ins (the real ones need the shipped release and
+run in the slow suite); what is tested is the machinery every real row goes through."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from tl_query_lens.presentation import Table
+from tl_query_lens.reproduce import experiments as ex
+from tl_query_lens.reproduce import rows as rw
+from tl_query_lens.reproduce import run as rr
+from tl_query_lens.results import SavableResult
+
+
+@dataclass
+class FakeResult(SavableResult):
+    score: float
+    score_ci: list[float]
+    per_label: dict[str, float]
+
+    title: ClassVar[str] = "fake"
+
+    def tables(self) -> dict[str, Table]:
+        return {"t": Table.build({"label": str, "v": float}, [[k, v] for k, v in self.per_label.items()])}
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+    calls = {"n": 0, "score": 0.5}
+
+    def run(model, size, workdir):
+        calls["n"] += 1
+        return FakeResult(calls["score"], [calls["score"] - 0.1, calls["score"] + 0.1], {"a": 1.0, "b": 2.0})
+
+    experiment = ex.Experiment("fake", "a stand-in", run, lambda: FakeResult, {"quick": "tiny", "full": "big"})
+    rows = [
+        rw.Row(
+            "fake.score",
+            "s",
+            "score",
+            "0.9",
+            "fake",
+            ("scalar", "score"),
+            ci=(("scalar", "score_ci_lo"), ("scalar", "score_ci_hi")),
+        ),
+        rw.Row("fake.b", "s", "b", "2", "fake", ("table", "t", {"label": "b"}, "v"), scale=10.0, tolerance=0.5),
+        rw.Row("fake.missing", "s", "missing", "-", "fake", ("table", "t", {"label": "zzz"}, "v"), full_only=True),
+    ]
+    monkeypatch.setattr(rr, "EXPERIMENTS", {"fake": experiment})
+    monkeypatch.setattr(rw, "ROWS", rows)
+    monkeypatch.setattr(rr, "DOCUMENTED", tmp_path / "documented.json")
+    return calls
+
+
+def test_rows_are_read_through_the_presentation_interface(fake, tmp_path):
+    result = rr.reproduce(None, size="quick", out=str(tmp_path / "out"))
+    by_id = {r["id"]: r for r in result.rows}
+    assert set(by_id) == {"fake.score", "fake.b"}  # the full-only row is not part of a quick run
+    assert by_id["fake.score"]["value"] == 0.5 and by_id["fake.score"]["value_lo"] == pytest.approx(0.4)
+    assert by_id["fake.b"]["value"] == 20.0  # table cell 2.0, scaled by 10
+    assert all(r["inside"] is None for r in result.rows)  # nothing documented yet
+    text = (tmp_path / "out" / "reproduction.md").read_text()
+    assert "| `fake.b` | b | 2 | — | 20 | not documented |" in text
+    assert (tmp_path / "out" / "reproduction.csv").read_text().splitlines()[0].startswith("id,section,headline")
+
+
+def test_record_then_rerun_resumes_and_checks_the_interval(fake, tmp_path):
+    out = str(tmp_path / "out")
+    rr.reproduce(None, size="quick", out=out, record=True)
+    documented = json.loads((tmp_path / "documented.json").read_text())["quick"]
+    assert documented["fake.score"]["lo"] == pytest.approx(0.4)  # the CI of the recorded run
+    assert (documented["fake.b"]["lo"], documented["fake.b"]["hi"]) == (19.5, 20.5)  # ± tolerance
+    again = rr.reproduce(None, size="quick", out=out)
+    assert fake["n"] == 1  # the saved experiment was loaded, not measured again
+    assert all(r["inside"] is True for r in again.rows) and not again.outside
+
+    fake["score"] = 0.95  # a new measurement that left the documented interval
+    moved = rr.reproduce(None, size="quick", out=str(tmp_path / "fresh"))
+    assert fake["n"] == 2 and moved.outside == ["fake.score"]
+    assert "**no**" in moved.markdown()
+    # A run of the other size is measured again, not read from the quick folder.
+    rr.reproduce(None, size="full", out=out)
+    assert fake["n"] == 3
+
+
+def test_cli_exits_nonzero_when_a_figure_is_outside(fake, tmp_path, monkeypatch):
+    from tl_query_lens.cli import main
+
+    monkeypatch.setattr("tl_query_lens.cli.common.load_model", lambda run: None)
+    out = str(tmp_path / "out")
+    assert main(["reproduce", "--quick", "--no-wandb", "--out", out, "--record"]) == 0
+    fake["score"] = 0.95
+    assert main(["reproduce", "--quick", "--no-wandb", "--out", str(tmp_path / "again")]) == 1
+
+
+def test_unknown_experiment_and_size_are_refused():
+    from tl_query_lens.errors import InputError
+
+    with pytest.raises(InputError, match="choose from"):
+        rr.ReproduceConfig(experiments=("nope",))
+    with pytest.raises(InputError, match="quick"):
+        rr.ReproduceConfig(size="medium")  # type: ignore[arg-type]
+
+
+def test_every_real_row_names_an_experiment_and_a_reader():
+    for row in rw.ROWS:
+        assert row.experiment in ex.EXPERIMENTS, row.id
+        assert row.read[0] in ("scalar", "table") and (row.ci is not None or row.tolerance > 0), row.id
+    assert len({r.id for r in rw.ROWS}) == len(rw.ROWS)
+    quick, full = rw.rows_for("quick"), rw.rows_for("full")
+    assert len(quick) < len(full) and {r.experiment for r in quick} == set(ex.EXPERIMENTS)

@@ -1,0 +1,171 @@
+"""The measurements behind docs/reproduction.md and docs/ffkv_comparison.md, each at two sizes.
+
+An experiment is one call of the library's own API (the same function the CLI calls) on the shipped dictionaries;
+it returns a result object, and the rows of :mod:`tl_query_lens.reproduce.rows` read their figure from that object's
+presentation interface (``scalars()`` / ``tables()``), never from a column list of their own. ``full`` is the size
+the docs document; ``quick`` a reduced version of the same measurement for ``tlql reproduce --quick``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sae_lens import SAE
+
+from tl_query_lens.certify.protocol import ProtocolCertifyConfig, certify_protocol
+from tl_query_lens.corpus import load_corpus
+from tl_query_lens.dictionaries.compare import compare_dictionaries
+from tl_query_lens.dictionaries.ffkv import FFKV
+from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+from tl_query_lens.query_lens.table1 import Table1Config, evaluate_table1
+from tl_query_lens.readout import collect_states
+from tl_query_lens.readout.diagnostics_paper import PaperReadoutConfig, readout_diagnostics_paper
+from tl_query_lens.results import SavableResult
+from tl_query_lens.sources import load_dictionary
+
+Size = Literal["quick", "full"]
+SUITE = "tlql-saes-smollm2-135m"
+READOUT = "tlql-readout-smollm2-135m"
+SUITE_LAYERS = (6, 12, 18, 24)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One measurement: ``run(model, size, workdir) -> result`` and the result class that loads it back.
+
+    Attributes:
+        name: folder name of its saved result. what: one line for the progress output.
+        run: the measurement. result_cls: how its saved result is read back (resume).
+        sizes: what ``quick`` and ``full`` mean, in words (written into the table's provenance).
+    """
+
+    name: str
+    what: str
+    run: Callable[[Any, Size, Path], SavableResult]
+    result_cls: Callable[[], type[SavableResult]]
+    sizes: dict[str, str]
+
+
+def _suite(model, sae_ids: list[str]) -> dict[str, Any]:
+    return {sid: load_dictionary(f"{SUITE}:{sid}", model) for sid in sae_ids}
+
+
+def _residual_id(layer: int) -> str:
+    return f"blocks.{layer}.hook_resid_post"
+
+
+def certify_ffkv(model, size: Size, workdir: Path) -> SavableResult:
+    """Paper protocol, FF-KV TopK-64 of layer 24, with its feature-shuffled twin (reproduction §1, first rows)."""
+    n_cal, n_eval = (128, None) if size == "full" else (32, 96)
+    cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, shuffle=True)
+    return certify_protocol(model, {"ffkv L24": FFKV.from_model(model, 24, "topk", 64)}, "embedded", cfg=cfg)
+
+
+def certify_depth(model, size: Size, workdir: Path) -> SavableResult:
+    """Paper protocol on the residual SAEs of layers 6/12/18/24 with a 512-window pool (reproduction §1, depth)."""
+    n_cal, n_eval = (512, None) if size == "full" else (64, 96)
+    saes = {
+        f"sae L{layer}": sae
+        for layer, sae in zip(SUITE_LAYERS, _suite(model, [_residual_id(x) for x in SUITE_LAYERS]).values())
+    }
+    cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, exclude_first_positions=1)
+    return certify_protocol(model, saes, "embedded", cfg=cfg)
+
+
+def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
+    """The authors' readout diagnostics on final-layer states with the shipped ``small`` readout SAE (§2)."""
+    sae = SAE.from_pretrained(READOUT, "small", device=str(model.cfg.device))
+    n_seqs = 32 if size == "full" else 8
+    tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=17, split="evaluation")
+    states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    cfg = PaperReadoutConfig() if size == "full" else PaperReadoutConfig(max_states=64)
+    return readout_diagnostics_paper(model, sae, states, cfg=cfg)
+
+
+def table1_saes(model, size: Size, workdir: Path) -> SavableResult:
+    """Query Lens Table 1 under the paper's protocol on the shipped residual SAEs' features (§3)."""
+    layers = SUITE_LAYERS if size == "full" else (12,)
+    saes = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
+    per_layer, n_seqs, n_prompts, n_generate = (13, 128, 2, 10) if size == "full" else (4, 32, 1, 5)
+    cfg = Table1Config(
+        protocol="paper",
+        features_per_layer=per_layer,
+        exclude_first_positions=1,
+        prompts=tuple(NEUTRAL_PROMPTS[:n_prompts]),
+        n_generate=n_generate,
+        cache_dir=str(workdir / "operators"),
+    )
+    op_tokens = load_corpus("stdlib", model, n_seqs=2, seq_len=32, split="train")
+    ev_tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=32, split="evaluation")
+    return evaluate_table1(model, saes, op_tokens, ev_tokens, cfg=cfg)
+
+
+def ffkv_comparison(model, size: Size, workdir: Path) -> SavableResult:
+    """The FF-KV paper's comparison table: FF-KV variants, the suite's SAE and transcoder, a random model (§ FF-KV)."""
+    layers = SUITE_LAYERS if size == "full" else (24,)
+    n_seqs = 32 if size == "full" else 8
+    dictionaries: dict[str, Any] = {}
+    for layer in layers:
+        dictionaries[f"L{layer} FF-KV vanilla"] = FFKV.from_model(model, layer, "vanilla")
+        dictionaries[f"L{layer} FF-KV TopK-32"] = FFKV.from_model(model, layer, "topk", 32)
+        suite = _suite(model, [_residual_id(layer), f"blocks.{layer}.transcoder"])
+        dictionaries[f"L{layer} SAE"], dictionaries[f"L{layer} transcoder"] = suite.values()
+    tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=64, split="evaluation")
+    return compare_dictionaries(model, dictionaries, tokens, absorption=None)
+
+
+def _cls(module: str, name: str) -> Callable[[], type[SavableResult]]:
+    def load() -> type[SavableResult]:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+
+    return load
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        Experiment(
+            "certify_ffkv",
+            "certification, paper protocol, FF-KV TopK-64 L24 + shuffle",
+            certify_ffkv,
+            _cls("tl_query_lens.certify.protocol", "ProtocolCertification"),
+            {"full": "n_cal 128, one window per evaluation document (N = 409)", "quick": "n_cal 32, N = 96"},
+        ),
+        Experiment(
+            "certify_depth",
+            "certification, paper protocol, residual SAEs 6/12/18/24",
+            certify_depth,
+            _cls("tl_query_lens.certify.protocol", "ProtocolCertification"),
+            {"full": "n_cal 512, N = 409", "quick": "n_cal 64, N = 96"},
+        ),
+        Experiment(
+            "readout_paper",
+            "readout diagnostics, paper protocol, shipped 'small' readout SAE",
+            readout_paper,
+            _cls("tl_query_lens.readout.protocols.paper", "PaperReadoutDiagnostics"),
+            {"full": "32 x 17 final-layer states, 256 ablation states", "quick": "8 x 17 states, 64 ablation states"},
+        ),
+        Experiment(
+            "table1_saes",
+            "Query Lens Table 1, paper protocol, residual-SAE features",
+            table1_saes,
+            _cls("tl_query_lens.query_lens.evaluation", "SignatureEvaluation"),
+            {
+                "full": "layers 6/12/18/24 x 13 features, 128 x 32 tokens, 2 prompts x 10 tokens, 64 operator tokens",
+                "quick": "layer 12 x 4 features, 32 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
+            },
+        ),
+        Experiment(
+            "ffkv_comparison",
+            "FF-KV comparison: FF-KV vs SAE vs transcoder",
+            ffkv_comparison,
+            _cls("tl_query_lens.dictionaries.compare", "DictionaryComparison"),
+            {"full": "layers 6/12/18/24, 32 x 64 tokens, no absorption", "quick": "layer 24, 8 x 64 tokens"},
+        ),
+    )
+}

@@ -1,0 +1,246 @@
+"""``reproduce``: re-measure every row of docs/reproduction.md and the FF-KV comparison table from the shipped
+dictionaries, resumable experiment by experiment, and set each figure beside the paper's and the documented one.
+
+Each experiment's result is saved under ``<out>/experiments/<name>`` as soon as it finishes; a rerun with the same
+size loads it instead of measuring again (delete the folder to re-measure). The documented value of a row and its
+interval (the recorded run's bootstrap CI, or ± the row's tolerance) come from ``documented.json`` beside this
+module, written from a measured run with ``record=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from tl_query_lens.config import resolve_config
+from tl_query_lens.errors import InputError
+from tl_query_lens.presentation import Table
+from tl_query_lens.reproduce.experiments import EXPERIMENTS
+from tl_query_lens.reproduce.rows import Row, rows_for
+from tl_query_lens.results import SavableResult, atomic_write_text
+
+DOCUMENTED = Path(__file__).with_name("documented.json")
+
+
+@dataclass
+class ReproduceConfig:
+    """Options of :func:`reproduce`.
+
+    Attributes:
+        size: ``"full"``: the sizes the docs document (hours on a 2-core CPU); ``"quick"``: a reduced version of
+            every experiment (minutes), compared with the documented quick run.
+        experiments: run only these experiments (empty: all); names from ``tl_query_lens.reproduce.EXPERIMENTS``.
+        out: folder of the experiments' results and of the table (CSV and markdown).
+        record: write this run's figures into the package's ``documented.json`` as the documented values of
+            ``size`` (for maintainers, after checking them; the docs quote that file).
+    """
+
+    size: Literal["quick", "full"] = "full"
+    experiments: tuple[str, ...] = ()
+    out: str = "results/reproduce"
+    record: bool = False
+
+    def __post_init__(self) -> None:
+        self.experiments = tuple(self.experiments)
+        if self.size not in ("quick", "full"):
+            raise InputError(f"size must be 'quick' or 'full', got {self.size!r}.")
+        unknown = [e for e in self.experiments if e not in EXPERIMENTS]
+        if unknown:
+            raise InputError(f"Unknown experiments {unknown}; choose from {list(EXPERIMENTS)}.")
+
+
+@dataclass
+class Reproduction(SavableResult):
+    """Every reproduced row beside the paper and the docs.
+
+    Attributes:
+        size: "quick" or "full".
+        rows: one dict per row: id, section, headline, paper, documented / documented_lo / documented_hi, value /
+            value_lo / value_hi (this run; lo/hi its bootstrap CI where the figure has one), inside (this run's
+            value within the documented interval; None when nothing is documented for this size).
+        seconds: wall time per experiment measured in this call (0 for one loaded from an earlier call).
+        peak_rss_gb: the process's peak resident memory.
+        sizes: what each experiment's size means.
+    """
+
+    size: str
+    rows: list[dict[str, Any]]
+    seconds: dict[str, float]
+    peak_rss_gb: float
+    sizes: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    title: ClassVar[str] = "Reproduction: paper | documented | this run"
+    COLUMNS: ClassVar[dict[str, Any]] = {
+        "id": str,
+        "section": str,
+        "headline": str,
+        "paper": str,
+        "documented": (float, None),
+        "documented_lo": (float, None),
+        "documented_hi": (float, None),
+        "value": float,
+        "value_lo": (float, None),
+        "value_hi": (float, None),
+        "inside": (bool, None),
+    }
+
+    @property
+    def outside(self) -> list[str]:
+        """Ids of the rows whose figure fell outside its documented interval."""
+        return [r["id"] for r in self.rows if r["inside"] is False]
+
+    def scalars(self) -> dict[str, float]:
+        inside = sum(r["inside"] is True for r in self.rows)
+        undocumented = sum(r["inside"] is None for r in self.rows)
+        out = {"rows": float(len(self.rows)), "inside": float(inside), "outside": float(len(self.outside))}
+        out |= {"undocumented": float(undocumented), "peak_rss_gb": self.peak_rss_gb}
+        return out | {f"seconds/{k}": v for k, v in self.seconds.items()}
+
+    def tables(self) -> dict[str, Table]:
+        return {"reproduction": Table.build(self.COLUMNS, ([r[c] for c in self.COLUMNS] for r in self.rows))}
+
+    def markdown(self) -> str:
+        """The side-by-side table: paper | documented here | this run | inside the documented interval?"""
+        lines = [
+            "| row | figure | paper | documented here | this run | inside? |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            doc = _fmt(r["documented"], r["documented_lo"], r["documented_hi"])
+            run = _fmt(r["value"], r["value_lo"], r["value_hi"])
+            verdict = {True: "yes", False: "**no**", None: "not documented"}[r["inside"]]
+            lines.append(f"| `{r['id']}` | {r['headline']} | {r['paper']} | {doc} | {run} | {verdict} |")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None, lo: float | None, hi: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    text = f"{value:.4g}"
+    if lo is not None and hi is not None:
+        text += f" [{lo:.4g}, {hi:.4g}]"
+    return text
+
+
+def load_documented(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{size: {row_id: {"value", "lo", "hi", "recorded"}}}`` (empty when nothing was recorded)."""
+    path = path or DOCUMENTED
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _interval(row: Row, value: float, lo: float | None, hi: float | None) -> tuple[float, float]:
+    if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
+        return lo, hi
+    return value - row.tolerance, value + row.tolerance
+
+
+def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float]):
+    experiment = EXPERIMENTS[name]
+    folder = out / "experiments" / name
+    marker = folder / "size.json"
+    if marker.exists() and json.loads(marker.read_text(encoding="utf-8")).get("size") == size:
+        print(f"[{name}] loaded from {folder} (delete it to measure again)", flush=True)
+        seconds[name] = 0.0
+        return experiment.result_cls().load(folder / "result")
+    print(f"[{name}] {experiment.what} ({size}: {experiment.sizes[size]})", flush=True)
+    start = time.perf_counter()
+    result = experiment.run(model, size, folder)  # type: ignore[arg-type]
+    seconds[name] = time.perf_counter() - start
+    result.save(folder / "result")
+    atomic_write_text(marker, json.dumps({"size": size, "seconds": seconds[name]}))
+    print(f"[{name}] done in {seconds[name]:.0f} s", flush=True)
+    return result
+
+
+def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Reproduction:
+    """Measure every row of ``cfg.size`` (see the module docstring); writes ``reproduction.{csv,md}`` to ``cfg.out``.
+
+    Args:
+        model: the embedded model (the documented figures are of SmolLM2-135M-Instruct and the shipped release).
+        cfg / overrides: :class:`ReproduceConfig`.
+    """
+    cfg = resolve_config(ReproduceConfig, cfg, overrides)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = rows_for(cfg.size, set(cfg.experiments) or None)
+    documented = load_documented().get(cfg.size, {})
+    seconds: dict[str, float] = {}
+    results: dict[str, Any] = {}
+    records = []
+    for i, row in enumerate(rows, 1):
+        if row.experiment not in results:
+            results[row.experiment] = _experiment(row.experiment, model, cfg.size, out, seconds)
+        value, lo, hi = row.value(results[row.experiment])
+        doc = documented.get(row.id)
+        inside = None if doc is None else bool(doc["lo"] <= value <= doc["hi"])
+        records.append(
+            {
+                "id": row.id,
+                "section": row.section,
+                "headline": row.headline,
+                "paper": row.paper,
+                "documented": None if doc is None else doc["value"],
+                "documented_lo": None if doc is None else doc["lo"],
+                "documented_hi": None if doc is None else doc["hi"],
+                "value": value,
+                "value_lo": lo,
+                "value_hi": hi,
+                "inside": inside,
+            }
+        )
+        verdict = {True: "inside", False: "OUTSIDE", None: "not documented"}[inside]
+        shown = _fmt(None if doc is None else doc["value"], *(None, None) if doc is None else (doc["lo"], doc["hi"]))
+        print(f"[{i}/{len(rows)}] {row.id}: {_fmt(value, lo, hi)} (documented {shown}; paper {row.paper}) {verdict}")
+        sys.stdout.flush()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    used = sorted({r.experiment for r in rows})
+    result = Reproduction(
+        size=cfg.size,
+        rows=records,
+        seconds=seconds,
+        peak_rss_gb=peak,
+        sizes={name: EXPERIMENTS[name].sizes[cfg.size] for name in used},
+        config={"size": cfg.size, "experiments": list(cfg.experiments), "out": cfg.out},
+    )
+    atomic_write_text(out / "reproduction.md", result.markdown())
+    columns, table = result.tables()["reproduction"].lists()
+    atomic_write_text(out / "reproduction.csv", _csv(columns, table))
+    if cfg.record:
+        record(result, rows)
+    return result
+
+
+def _csv(columns: list[str], rows: list[list[Any]]) -> str:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def record(result: Reproduction, rows: list[Row], path: Path | None = None) -> None:
+    """Write ``result``'s figures as the documented values of its size (interval: its CI, else ± tolerance)."""
+    path = path or DOCUMENTED
+    by_id = {r.id: r for r in rows}
+    documented = load_documented(path)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    size = documented.setdefault(result.size, {})
+    for r in result.rows:
+        if math.isnan(r["value"]):
+            continue
+        lo, hi = _interval(by_id[r["id"]], r["value"], r["value_lo"], r["value_hi"])
+        size[r["id"]] = {"value": r["value"], "lo": lo, "hi": hi, "recorded": stamp}
+    atomic_write_text(path, json.dumps(documented, indent=1, sort_keys=True) + "\n")
