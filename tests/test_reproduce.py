@@ -37,7 +37,7 @@ def fake(tmp_path, monkeypatch):
         calls["n"] += 1
         return FakeResult(calls["score"], [calls["score"] - 0.1, calls["score"] + 0.1], {"a": 1.0, "b": 2.0})
 
-    experiment = ex.Experiment("fake", "a stand-in", run, lambda: FakeResult, {"quick": "tiny", "full": "big"})
+    experiment = ex.Experiment("fake", "a stand-in", run, FakeResult, {"quick": "tiny", "full": "big"})
     rows = [
         rw.Row(
             "fake.score",

@@ -15,14 +15,15 @@ from typing import Any, Literal
 
 from sae_lens import SAE
 
-from tl_query_lens.certify.protocol import ProtocolCertifyConfig, certify_protocol
+from tl_query_lens.certify.protocol import ProtocolCertification, ProtocolCertifyConfig, certify_protocol
 from tl_query_lens.corpus import load_corpus
-from tl_query_lens.dictionaries.compare import compare_dictionaries
+from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV
+from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
 from tl_query_lens.query_lens.table1 import Table1Config, evaluate_table1
 from tl_query_lens.readout import collect_states
-from tl_query_lens.readout.diagnostics_paper import PaperReadoutConfig, readout_diagnostics_paper
+from tl_query_lens.readout.protocols.paper import PaperReadoutConfig, PaperReadoutDiagnostics, readout_diagnostics_paper
 from tl_query_lens.results import SavableResult
 from tl_query_lens.sources import load_dictionary
 
@@ -45,7 +46,7 @@ class Experiment:
     name: str
     what: str
     run: Callable[[Any, Size, Path], SavableResult]
-    result_cls: Callable[[], type[SavableResult]]
+    result_cls: type[SavableResult]
     sizes: dict[str, str]
 
 
@@ -117,15 +118,6 @@ def ffkv_comparison(model, size: Size, workdir: Path) -> SavableResult:
     return compare_dictionaries(model, dictionaries, tokens, absorption=None)
 
 
-def _cls(module: str, name: str) -> Callable[[], type[SavableResult]]:
-    def load() -> type[SavableResult]:
-        import importlib
-
-        return getattr(importlib.import_module(module), name)
-
-    return load
-
-
 EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in (
@@ -133,28 +125,28 @@ EXPERIMENTS: dict[str, Experiment] = {
             "certify_ffkv",
             "certification, paper protocol, FF-KV TopK-64 L24 + shuffle",
             certify_ffkv,
-            _cls("tl_query_lens.certify.protocol", "ProtocolCertification"),
+            ProtocolCertification,
             {"full": "n_cal 128, one window per evaluation document (N = 409)", "quick": "n_cal 32, N = 96"},
         ),
         Experiment(
             "certify_depth",
             "certification, paper protocol, residual SAEs 6/12/18/24",
             certify_depth,
-            _cls("tl_query_lens.certify.protocol", "ProtocolCertification"),
+            ProtocolCertification,
             {"full": "n_cal 512, N = 409", "quick": "n_cal 64, N = 96"},
         ),
         Experiment(
             "readout_paper",
             "readout diagnostics, paper protocol, shipped 'small' readout SAE",
             readout_paper,
-            _cls("tl_query_lens.readout.protocols.paper", "PaperReadoutDiagnostics"),
+            PaperReadoutDiagnostics,
             {"full": "32 x 17 final-layer states, 256 ablation states", "quick": "8 x 17 states, 64 ablation states"},
         ),
         Experiment(
             "table1_saes",
             "Query Lens Table 1, paper protocol, residual-SAE features",
             table1_saes,
-            _cls("tl_query_lens.query_lens.evaluation", "SignatureEvaluation"),
+            SignatureEvaluation,
             {
                 "full": "layers 6/12/18/24 x 13 features, 128 x 32 tokens, 2 prompts x 10 tokens, 64 operator tokens",
                 "quick": "layer 12 x 4 features, 32 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
@@ -164,7 +156,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "ffkv_comparison",
             "FF-KV comparison: FF-KV vs SAE vs transcoder",
             ffkv_comparison,
-            _cls("tl_query_lens.dictionaries.compare", "DictionaryComparison"),
+            DictionaryComparison,
             {"full": "layers 6/12/18/24, 32 x 64 tokens, no absorption", "quick": "layer 24, 8 x 64 tokens"},
         ),
     )

@@ -9,6 +9,8 @@ module, written from a measured run with ``record=True``.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import resource
@@ -151,7 +153,7 @@ def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float
     if marker.exists() and json.loads(marker.read_text(encoding="utf-8")).get("size") == size:
         print(f"[{name}] loaded from {folder} (delete it to measure again)", flush=True)
         seconds[name] = 0.0
-        return experiment.result_cls().load(folder / "result")
+        return experiment.result_cls.load(folder / "result")
     print(f"[{name}] {experiment.what} ({size}: {experiment.sizes[size]})", flush=True)
     start = time.perf_counter()
     result = experiment.run(model, size, folder)  # type: ignore[arg-type]
@@ -221,9 +223,6 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
 
 
 def _csv(columns: list[str], rows: list[list[Any]]) -> str:
-    import csv
-    import io
-
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(columns)
