@@ -114,3 +114,19 @@ def test_every_real_row_names_an_experiment_and_a_reader():
     assert len({r.id for r in rw.ROWS}) == len(rw.ROWS)
     quick, full = rw.rows_for("quick"), rw.rows_for("full")
     assert len(quick) < len(full) and {r.experiment for r in quick} == set(ex.EXPERIMENTS)
+
+
+SHIPPED = rr.Path(ex.__file__).resolve().parents[1] / "release" / ex.SUITE
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="no release packed in this checkout")
+def test_quick_reproduction_passes_on_the_shipped_release(tmp_path):
+    """`tlql reproduce --quick` on the embedded model: every quick row documented and inside its interval."""
+    from tl_query_lens.cli import main
+
+    out = tmp_path / "reproduce"
+    assert main(["reproduce", "--quick", "--no-wandb", "--out", str(out)]) == 0
+    text = (out / "reproduction.md").read_text()
+    assert "not documented" not in text and "**no**" not in text
+    assert len(text.splitlines()) == 2 + len(rw.rows_for("quick"))
