@@ -66,6 +66,9 @@ class DemoConfig:
 
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
+        # The shipped 1000-step readout SAE when the package carries it (no fit at all); otherwise an 80-step fit,
+        # cached under its own id "quick", never under the full preset's.
+        shipped = "small" in READOUT_RELEASES.shipped_ids(overrides.get("model", cls.model))
         base = {
             "ffkv_layers": (12, 24),
             "ql_layer": 24,
@@ -73,7 +76,7 @@ class DemoConfig:
             "operator_seqs": 1,
             "seq_len": 12,
             "splice_seqs": 4,
-            "readout_sae_id": "quick",  # an 80-step fit: never cached under the full preset's id
+            "readout_sae_id": "small" if shipped else "quick",
             "readout_overrides": {"width_mult": 2, "k": 32, "steps": 80, "n_seqs": 8},
             "cert_layer": 24,
             "n_cal": 32,

@@ -163,6 +163,7 @@ def _load_packed(family: LocalReleases, model_name: str, sid: str) -> SAE:
     cfg = handle_config_defaulting(cfg)
     cls, cfg_cls = get_sae_class(cfg["architecture"])
     sae = cls(cfg_cls.from_dict(cfg))
+    sae.process_state_dict_for_loading(state)  # as SAE.from_pretrained does (a readout SAE's codes come later)
     sae.load_state_dict(state)
     return sae
 
