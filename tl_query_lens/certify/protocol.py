@@ -52,7 +52,7 @@ def schedule_n_star(curve_n: list[int], curve_bound: list[float], baseline_bits:
     return next((int(n) for n, u in zip(curve_n, curve_bound) if u < baseline_bits), None)
 
 
-# The type of each :func:`protocol_row` entry (the table's columns); every ``shuffled_*`` entry is a float.
+# The type of each :func:`protocol_row` entry (the table's columns); ``shuffled_<key>`` has the type of ``<key>``.
 ROW_TYPES: dict[str, type | tuple[type, None]] = {
     "N": int,
     "P": int,
@@ -206,7 +206,7 @@ class ProtocolCertification(SavableResult):
     def tables(self) -> dict[str, Table]:
         """``certificates``: one row per proxy, every entry of :func:`protocol_row` (and ``shuffled_*``)."""
         keys = list(self.rows[0]) if self.rows else []
-        columns = {"label": str, **{k: ROW_TYPES.get(k, float) for k in keys}}
+        columns = {"label": str, **{k: ROW_TYPES.get(k.removeprefix("shuffled_"), float) for k in keys}}
         return {
             "certificates": Table.build(
                 columns, ([label, *(row[k] for k in keys)] for label, row in zip(self.labels, self.rows))
