@@ -60,14 +60,14 @@ def _residual_id(layer: int) -> str:
 
 def certify_ffkv(model, size: Size, workdir: Path) -> SavableResult:
     """Paper protocol, FF-KV TopK-64 of layer 24, with its feature-shuffled twin (reproduction §1, first rows)."""
-    n_cal, n_eval = (128, None) if size == "full" else (32, 96)
+    n_cal, n_eval = (128, None) if size == "full" else (128, 128)
     cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, shuffle=True)
     return certify_protocol(model, {"ffkv L24": FFKV.from_model(model, 24, "topk", 64)}, "embedded", cfg=cfg)
 
 
 def certify_depth(model, size: Size, workdir: Path) -> SavableResult:
     """Paper protocol on the residual SAEs of layers 6/12/18/24 with a 512-window pool (reproduction §1, depth)."""
-    n_cal, n_eval = (512, None) if size == "full" else (64, 96)
+    n_cal, n_eval = (512, None) if size == "full" else (256, 128)
     saes = {
         f"sae L{layer}": sae
         for layer, sae in zip(SUITE_LAYERS, _suite(model, [_residual_id(x) for x in SUITE_LAYERS]).values())
@@ -126,14 +126,14 @@ EXPERIMENTS: dict[str, Experiment] = {
             "certification, paper protocol, FF-KV TopK-64 L24 + shuffle",
             certify_ffkv,
             ProtocolCertification,
-            {"full": "n_cal 128, one window per evaluation document (N = 409)", "quick": "n_cal 32, N = 96"},
+            {"full": "n_cal 128, one window per evaluation document (N = 409)", "quick": "n_cal 128, N = 128"},
         ),
         Experiment(
             "certify_depth",
             "certification, paper protocol, residual SAEs 6/12/18/24",
             certify_depth,
             ProtocolCertification,
-            {"full": "n_cal 512, N = 409", "quick": "n_cal 64, N = 96"},
+            {"full": "n_cal 512, N = 409", "quick": "n_cal 256, N = 128"},
         ),
         Experiment(
             "readout_paper",
