@@ -3,8 +3,12 @@
 Stage 1: one training step of a TopK SAE and a TopK transcoder (d_model 576 → 4,608, k 32) at two batch sizes.
 Stage 2 (``--model``): the embedded model's activation pass to layer 24 with 8 hooks cached, fp32 vs autocast vs
 bf16 weights, and the relative error of the cached activations against fp32.
+Stage 3 (``--quality STEPS``): the quality difference of the resulting dictionaries. The same TopK SAE (layer-12
+residual, d 576 → 4,608, k 32, same seed and batches) is trained for STEPS steps of 1,024 real activations from the
+suite's activation cache in fp32 and under bf16 autocast; printed: each run's samples/s and their ratio, and the
+explained variance of both on 8,192 held-out cached rows (evaluated in fp32).
 
-    python benchmarks/bench_training.py --threads 2 [--model]
+    python benchmarks/bench_training.py --threads 2 [--model] [--quality 300]
 """
 
 from __future__ import annotations
@@ -78,10 +82,57 @@ def forward_stage() -> None:
         )
 
 
+def quality_stage(steps: int) -> None:
+    import numpy as np
+
+    from tl_query_lens.saes.registry import SAES_RELEASES
+
+    caches = sorted(
+        (SAES_RELEASES.root() / SAES_RELEASES.release_name("smollm2-135m") / ".train").glob("activations-*")
+    )
+    if not caches:
+        raise SystemExit("No activation cache: run `tlql saes train` first (the benchmark reads its cached rows).")
+    rows = np.load(caches[-1] / "blocks.12.hook_resid_post.npy", mmap_mode="r").reshape(-1, 128, 576)[:, 1:]
+    rows = torch.from_numpy(np.ascontiguousarray(rows.reshape(-1, 576)).astype(np.float32))
+    held_out, train = rows[-8192:], rows[:-8192]
+    order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(0))
+    results = {}
+    for autocast in (False, True):
+        torch.manual_seed(0)
+        sae = FastTopKTrainingSAE(
+            TopKTrainingSAEConfig(d_in=576, d_sae=4608, k=32, dtype="float32", device="cpu", decoder_init_norm=0.1)
+        )
+        with torch.no_grad():
+            sae.b_dec.copy_(train[:65536].mean(0))
+        opt = torch.optim.Adam(sae.parameters(), lr=5e-4)
+        dead = torch.zeros(4608, dtype=torch.bool)
+        start = time.perf_counter()
+        for i in range(steps):
+            x = train[order[(i * 1024) % len(order) :][:1024]]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = sae.training_forward_pass(
+                    TrainStepInput(
+                        sae_in=x, dead_neuron_mask=dead, coefficients={}, n_training_steps=i, is_logging_step=False
+                    )
+                )
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad()
+        rate = steps * 1024 / (time.perf_counter() - start)
+        with torch.no_grad():
+            recon = sae.decode(sae.encode(held_out))
+            ev = 1 - float((held_out - recon).pow(2).sum() / (held_out - held_out.mean(0)).pow(2).sum())
+        results[autocast] = (rate, ev)
+        print(f"SAE training {'autocast' if autocast else 'fp32'}: {rate:.0f} samples/s, held-out EV {ev:.4f}")
+    (r32, ev32), (r16, ev16) = results[False], results[True]
+    print(f"quality after {steps} steps: bf16/fp32 speed {r16 / r32:.2f}x, EV difference {ev16 - ev32:+.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", action="store_true", help="also time the embedded model's activation pass")
+    parser.add_argument("--quality", type=int, default=0, metavar="STEPS", help="train fp32 vs bf16 and compare EV")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for batch in (1024, 4096):
@@ -90,6 +141,8 @@ def main() -> None:
             print(f"{kind} step, batch {batch}: fp32 {fp32:.0f}, autocast {bf16:.0f} samples/s ({bf16 / fp32:.2f}x)")
     if args.model:
         forward_stage()
+    if args.quality:
+        quality_stage(args.quality)
 
 
 if __name__ == "__main__":
