@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.absorption import (
     AbsorptionConfig,
     first_letter_absorption,
@@ -229,7 +230,7 @@ def compare_dictionaries(
     Adds the random-model FF-KV control for every layer that appears (``cfg.random_control``) and, for every
     transcoder, its faithfulness to the same layer's FF-KV (and the random model's FF-KV as a null reference).
     """
-    cfg = CompareConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
+    cfg = resolve_config(CompareConfig, cfg, overrides)
     if isinstance(cfg.absorption, dict):
         cfg.absorption = AbsorptionConfig(**cfg.absorption)
     if isinstance(cfg.faithfulness, dict):
