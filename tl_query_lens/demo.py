@@ -150,12 +150,12 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
 
         def lists(*names: str, row: int = row) -> list[TokenList]:
             return [
-                TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
+                TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())  # type: ignore[index]
                 for n in names
                 if sigs[n].top_strings is not None
             ]
 
-        shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))
+        shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))  # type: ignore[index]
         top_shares = dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:8])
         cards.append(
             FeatureCard(
@@ -305,7 +305,7 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
             result = step(model, cfg, tracker)
             if isinstance(result, tuple):
                 result, np_path = result
-            sections.append(result)
+            sections.append(result)  # type: ignore[arg-type]
             seconds[name] = time.perf_counter() - t0
         seconds["total"] = time.perf_counter() - start
         timing = [[k, round(v, 1)] for k, v in seconds.items()]

@@ -42,7 +42,9 @@ def build(
             dataclasses.is_dataclass(nested) and f.default_factory is not dataclasses.MISSING and f.name not in exclude
         ):
             names = {g.name for g in dataclasses.fields(nested)}  # a nested config, from its own options
-            kwargs[f.name] = build(nested, args, exclude=exclude, **{k: v for k, v in values.items() if k in names})
+            kwargs[f.name] = build(
+                typing.cast(type, nested), args, exclude=exclude, **{k: v for k, v in values.items() if k in names}
+            )
         elif (
             f.init
             and f.name not in exclude

@@ -261,7 +261,7 @@ def compare_dictionaries(
             for variant in cfg.control_variants:
                 k = _control_k(rows, layer, cfg) if variant == "topk" else None
                 name = f"random FF-KV {variant}{k or ''} L{layer}"
-                control[name] = FFKV.from_model(random_model, layer, variant, k)
+                control[name] = FFKV.from_model(random_model, layer, variant, k)  # type: ignore[arg-type]
                 if variant == "vanilla":
                     controls[layer] = control[name]
         r_data = first_letter_activations(random_model, _hooks(control), cfg=cfg.absorption) if cfg.absorption else None
@@ -278,6 +278,7 @@ def compare_dictionaries(
         if dictionary_kind(sae) != "transcoder":
             continue
         layer = as_key_value(sae).layer
+        assert layer is not None  # a transcoder writes inside a block
         reference = FFKV.from_model(model, layer, "vanilla")
         faithfulness.append(_faithfulness_row(label, layer, sae, reference, cfg))
     for layer, sae in controls.items():  # the null in real shapes: random-model FF-KV against the trained one

@@ -106,14 +106,14 @@ class SpliceStats:
             self.has_zero = True
             self.ce_zero += _ce_sum(zero_logits, tokens)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, Any]:
         """alive_rate, mean_l0, explained_variance, ce_clean, ce_spliced, ce_delta, kl, n_tokens (and ce_zero,
         ce_recovered = (CE_zero − CE_spliced) / (CE_zero − CE_clean) when zero-ablated logits were given)."""
         n_tok, n_pred = self.n_tokens, self.n_predictions
         y_sum = torch.as_tensor(self.y_sum, dtype=torch.float64)
         sst = self.y_sq - (y_sum.pow(2).sum() / n_tok).item()
         clean, spliced = self.ce_clean / n_pred, self.ce_spliced / n_pred
-        out: dict[str, float] = {
+        out: dict[str, Any] = {
             "alive_rate": self.fired.float().mean().item(),
             "mean_l0": self.l0 / n_tok,
             "explained_variance": 1.0 - self.sse / max(sst, 1e-30),

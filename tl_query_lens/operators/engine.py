@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -187,7 +187,8 @@ def _run_sweep(
     def grab(x: torch.Tensor, hook) -> None:
         captured[hook.name] = _flat(x)
 
-    hooks = [(name, inject) for name in sweep.perturb] + [(name, grab) for name in sweep.read]
+    hooks: list[tuple[str | Callable, Callable]] = [(name, inject) for name in sweep.perturb]
+    hooks += [(name, grab) for name in sweep.read]
     n_basis = sweep.width(widths)
     if sweep.direction == "reverse":
         (d_out,) = {widths[n] for n in sweep.read}
@@ -264,7 +265,7 @@ def _compute(
     if max_memory_gb is not None:
         chunk = chunk_for_memory(model, sweeps, widths, min(batch_size, len(tokens)), tokens.shape[1], max_memory_gb)
     basis = basis_fingerprint(sweeps[0].basis) if sweeps[0].basis is not None else None
-    device = torch.device(model.cfg.device)
+    device = torch.device(model.cfg.device)  # type: ignore[arg-type]
     fingerprint = corpus_fingerprint(tokens)
     dtype = precision
     model_name = str(model.cfg.model_name)
@@ -280,12 +281,12 @@ def _compute(
         state = OperatorSet.load(path)
         if state.complete:
             logger.info("Reusing cached %s from %s", state.describe(), path)
-            return state.to(model.cfg.device)
+            return state.to(model.cfg.device)  # type: ignore[arg-type]
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
     if state is None:
         state = OperatorSet(
-            kind=kind,
+            kind=kind,  # type: ignore[arg-type]
             sums={n: torch.zeros(shapes[n], device=device) for n in names},
             count=0,
             model_name=model_name,

@@ -293,7 +293,11 @@ def channel_analysis(
     operators = {name: op.detach().float().cpu() for name, op in operators.items()}
     d = next(iter(values_by_source.values())).shape[1]
     rank = cfg.rank or max(1, d // n_layers)
-    names, sources, dests, modules, fits = [], [], [], [], {f: {} for f in cfg.fits}
+    names: list[str] = []
+    sources: list[int] = []
+    dests: list[int] = []
+    modules: list[str] = []
+    fits: dict[str, dict] = {f: {} for f in cfg.fits}
     metrics: dict[str, dict] = {f: {} for f in cfg.fits}
     for source, values in sorted(values_by_source.items()):
         n = values.shape[0]
@@ -313,7 +317,7 @@ def channel_analysis(
             name = f"l{source}->{module}"
             names.append(name)
             sources.append(source)
-            dests.append(hook_layer(module))
+            dests.append(_layer_of(module))
             modules.append(module.split(".")[-1])
             for fit_name in cfg.fits:
                 if fit_name == "closed_form":
@@ -417,7 +421,7 @@ def subspace_channels(
             )
         values[source] = view.values
         downstream[source] = downstream_modules(view.value_hook, n_layers)  # attention writes: block l's MLP too
-    needed = sorted({hook_layer(name) for names in downstream.values() for name in names})
+    needed = sorted({_layer_of(name) for names in downstream.values() for name in names})
     layers = cfg.operator_layers or tuple(needed)
     operators = module_operators(model, tokens, layers, cfg.engine)
     return channel_analysis(

@@ -124,7 +124,7 @@ class QueryLens:
         self.skip_positions = cfg.engine.skip_positions
         self.feature_chunk = cfg.feature_chunk
         self.engine = cfg.engine
-        self._pushed: dict[tuple[str, str, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
+        self._pushed: dict[tuple[str, Any, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
         self._value: dict[str | tuple[str, str], torch.Tensor] = {}  # hook, or (source, destination)
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
@@ -157,7 +157,7 @@ class QueryLens:
             if "full" in value_methods:
                 value_hooks.append(view.value_source or view.value_hook)
             if "first_order" in value_methods:
-                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]
+                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]  # type: ignore[misc]
                 if view.value_source is not None:
                     direct[view.value_source] = view.write_hook
             if "full" in key_methods:
@@ -175,7 +175,7 @@ class QueryLens:
             self._store(self._module, module_operators(self.model, self.tokens, layers, engine=self.engine))
 
     @staticmethod
-    def _store(target: dict[str, torch.Tensor], operators: OperatorSet) -> None:
+    def _store(target: dict[Any, torch.Tensor], operators: OperatorSet) -> None:
         for name in operators:
             target[name] = operators[name]  # the mean; raises on NaN/inf
 
@@ -368,10 +368,12 @@ class QueryLens:
                 )
                 self._pushed[key] = ops[source].T
             elif kind == "key":
+                assert isinstance(hook, str)
                 self._pushed[key] = key_operators(
                     self.model, self.tokens, [hook], basis=directions, engine=self.engine
                 )[hook]
             else:
+                assert isinstance(hook, str)
                 layers = [int(k) for k in hook.split(",")]
                 ops = module_operators(self.model, self.tokens, layers, basis=directions, engine=self.engine)
                 for name in ops:
@@ -421,6 +423,7 @@ class QueryLens:
         the value hook, exactly as for a fixed value ``v = u_i``.
         """
         tangents = view.source_tangents(ids).to(self.model.cfg.device)
+        assert view.value_source is not None  # called for post-norm views only
         if method == "full":
             return self._pushed_to(view.value_source, tangents, basis, d=self.model.cfg.d_model), None, None
         direct = self._pushed_to(view.value_source, tangents, basis, d=self.model.cfg.d_model, to=view.write_hook)
@@ -442,13 +445,13 @@ class QueryLens:
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[str]]:
         """``v + Σ_m J̄_m v`` over the modules downstream of the residual hook ``hook``, with its terms."""
         names = downstream_modules(hook, self.model.cfg.n_layers)
-        layers = sorted({hook_layer(n) for n in names})
+        layers = sorted({hook_layer(n) for n in names})  # type: ignore[type-var]
         if names and self._feature_basis(len(values), values.shape[1], all(n in self._module for n in names), basis):
             fingerprint = basis_fingerprint(values)
             self._push("module", ",".join(map(str, layers)), values)
             terms = [values] + [self._pushed[("module", n, fingerprint)] for n in names]
         else:
-            self.precompute(module_layers=layers)
+            self.precompute(module_layers=layers)  # type: ignore[arg-type]
             terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
         return torch.stack(terms).sum(0), terms, ["direct", *names]
 
@@ -466,7 +469,7 @@ class QueryLens:
 
     def _norm_parts(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """``(1/σ(u) [n,1], w [d], centre?)`` with LN_f(u) = w ⊙ P(u)/σ(u) + b."""
-        norm = self.model.ln_final
+        norm: Any = self.model.ln_final
         centre = isinstance(norm, (LayerNorm, LayerNormPre))
         centred = raw - raw.mean(-1, keepdim=True) if centre else raw
         inv_scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
@@ -511,7 +514,7 @@ class QueryLens:
         model = self.model
         basis = None
         if readout == "embed_centred":
-            basis = centred_embeddings(model, center)  # reuse across chunks
+            basis = centred_embeddings(model, center)  # type: ignore[arg-type]  # reuse across chunks
         tops, top_scores, bottoms, bottom_scores = [], [], [], []
         starts = range(0, len(ids), self.feature_chunk)
         for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self.engine.progress):

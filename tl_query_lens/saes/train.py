@@ -469,7 +469,7 @@ def train_saes(
 
 def _build(kind: Kind, cfg: SAESuiteConfig, d_in: int, d_out: int, device: str = "cpu"):
     k = cfg.k if kind == "sae" or cfg.transcoder_k is None else cfg.transcoder_k
-    common = {"d_in": d_in, "d_sae": cfg.d_sae, "k": k, "dtype": "float32", "device": device}
+    common: dict[str, Any] = {"d_in": d_in, "d_sae": cfg.d_sae, "k": k, "dtype": "float32", "device": device}
     if kind == "sae":
         return FastTopKTrainingSAE(TopKTrainingSAEConfig(**common, normalize_activations="expected_average_only_in"))
     return TopKTrainingTranscoder(TopKTrainingTranscoderConfig(**common, d_out=d_out))
