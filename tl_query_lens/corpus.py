@@ -17,7 +17,7 @@ import os
 import random
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -289,7 +289,7 @@ def load_corpus(
     return windows[torch.tensor(order[:n_seqs])].clone()
 
 
-def _token_stream(docs: list[str], tok) -> torch.Tensor:
+def _token_stream(docs: Sequence[str], tok) -> torch.Tensor:
     """The documents tokenised and joined with EOS (no cache: a tokenizer is not a safe cache key)."""
     sep = tok.eos_token_id if tok.eos_token_id is not None else 0
     ids: list[int] = []

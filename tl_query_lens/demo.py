@@ -6,12 +6,14 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from sae_lens import SAE
 
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.splice import ffkv_summary
@@ -31,6 +33,9 @@ class DemoConfig:
     """Sizes of each demo step; :meth:`quick` gives a first look in a few minutes on a 2-core CPU.
 
     Attributes:
+        out: folder of the results, the report and the W&B run.
+        model: the model ('smollm2-135m': the embedded one, offline).
+        corpus: corpus source (see :func:`tl_query_lens.load_corpus`).
         ffkv_layers: layers summarised as FF-KV dictionaries.
         ql_layer: layer whose FF-KV features get key and value signatures.
         n_features: features shown as cards (seeded sample of features active on the corpus).
@@ -43,6 +48,8 @@ class DemoConfig:
         readout_sae_id: name of the readout SAE in the user cache (fitted on the first run, reused after).
         cert_layer / n_cal / n_eval: the certified FF-KV TopK-``k`` proxy and its calibration / evaluation sizes.
         k: active features of that TopK proxy.
+        seed: seed of the corpus windows and of the feature sample.
+        use_wandb: log the run to W&B (offline unless WANDB_MODE says otherwise).
     """
 
     out: Path = Path("results/demo")
@@ -146,12 +153,12 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
 
         def lists(*names: str, row: int = row) -> list[TokenList]:
             return [
-                TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())
+                TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())  # type: ignore[index]
                 for n in names
                 if sigs[n].top_strings is not None
             ]
 
-        shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))
+        shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))  # type: ignore[index]
         top_shares = dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:8])
         cards.append(
             FeatureCard(
@@ -274,8 +281,12 @@ def _certify_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     )
 
 
-def run_demo(cfg: DemoConfig) -> DemoOutputs:
-    """Run every step, write results under ``cfg.out``, log one W&B run, build ``report.html``."""
+def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
+    """Run every step, write results under ``cfg.out``, log one W&B run, build ``report.html``.
+
+    ``cfg`` / ``overrides``: a :class:`DemoConfig` (:meth:`DemoConfig.quick` for a first look); keyword overrides
+    replace single fields."""
+    cfg = resolve_config(DemoConfig, cfg, overrides)
     cfg.out = Path(cfg.out)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
@@ -297,7 +308,7 @@ def run_demo(cfg: DemoConfig) -> DemoOutputs:
             result = step(model, cfg, tracker)
             if isinstance(result, tuple):
                 result, np_path = result
-            sections.append(result)
+            sections.append(result)  # type: ignore[arg-type]
             seconds[name] = time.perf_counter() - t0
         seconds["total"] = time.perf_counter() - start
         timing = [[k, round(v, 1)] for k, v in seconds.items()]

@@ -198,7 +198,7 @@ def copy_model(
         raise InputError(f"copy_model needs a HookedTransformer, got {type(model).__name__}.")
     if getattr(model, "_acts_to_saes", None):
         raise InputError(
-            f"The model has SAEs attached at {sorted(model._acts_to_saes)}: call model.reset_saes() before "
+            f"The model has SAEs attached at {sorted(model._acts_to_saes)}: call model.reset_saes() before "  # type: ignore[arg-type]
             "copy_model, then attach copies of the SAEs to the copy."
         )
     cfg = copy.deepcopy(model.cfg)
@@ -212,7 +212,7 @@ def copy_model(
     clone = type(model)(cfg)
     cfg.tokenizer_name, cfg.init_weights = tokenizer_name, init_weights
     clone.tokenizer = model.tokenizer  # device-free; set_tokenizer would re-derive it (and may reach the hub)
-    if torch.device(cfg.device).type != "meta":  # meta tensors hold no data: nothing to load
+    if torch.device(cfg.device).type != "meta":  # type: ignore[arg-type]  # meta tensors hold no data: nothing to load
         with torch.no_grad():
             clone.load_state_dict(model.state_dict(), strict=True)  # copy_ casts device and dtype
     clone.train(model.training)

@@ -21,7 +21,7 @@ import dataclasses
 import html
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 CELL_TYPES: tuple[type, ...] = (bool, int, float, str)
 
@@ -180,7 +180,7 @@ class Presents:
     """Defaults of the :class:`Presentable` interface for dataclass results (mixed into ``SavableResult``)."""
 
     #: Title of the report section (default: the class name).
-    title: str = ""
+    title: ClassVar[str] = ""
 
     def scalars(self) -> dict[str, float]:
         """The numeric fields (see :func:`numeric_fields`); results override this to choose their headline numbers."""

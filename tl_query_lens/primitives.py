@@ -86,7 +86,7 @@ def clean_run(
     so edits that cannot change anything before a block re-run only from there (:func:`run_from_residual`)."""
     names = [resid_pre(layer) for layer in sorted({x for x in start_layers if x is not None})]
     logits, cache = model.run_with_cache(tokens, names_filter=names)
-    return logits, {hook_layer(name): cache[name] for name in names}  # type: ignore[misc]
+    return logits, {hook_layer(name): cache[name] for name in names}  # type: ignore[misc, return-value]
 
 
 def run_from_residual(

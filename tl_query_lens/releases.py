@@ -261,12 +261,12 @@ class LocalReleases:
                 return cfg, state, None
             except (OSError, ValueError) as err:  # offline, missing repo or files
                 hub_error = f"the hub repo {repo_id!r} was not reachable or lacks it ({type(err).__name__})"
-        cached = ", ".join(self.cached_ids(model_name)) or "none yet"
-        shipped = ", ".join(self.shipped_ids(model_name)) or "none"
+        cached_ids = ", ".join(self.cached_ids(model_name)) or "none yet"
+        shipped_ids = ", ".join(self.shipped_ids(model_name)) or "none"
         raise MissingFileError(
             f"No {self.what} {sae_id!r} for {model_name}: not shipped with the package, not in the user cache "
-            f"({local}), and {hub_error}. Cached ids for release {self.release_name(model_name)!r}: {cached}; "
-            f"shipped ids: {shipped}. {self.verb} it with `{self.command(model_name, sae_id)}`."
+            f"({local}), and {hub_error}. Cached ids for release {self.release_name(model_name)!r}: {cached_ids}; "
+            f"shipped ids: {shipped_ids}. {self.verb} it with `{self.command(model_name, sae_id)}`."
         )
 
     def register(self, extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
@@ -274,7 +274,7 @@ class LocalReleases:
         NAMED_PRETRAINED_SAE_LOADERS[self.loader_name] = self.loader
         directory = get_pretrained_saes_directory()
         names = []
-        cached = {model: {"sae_ids": []} for model in self.cached_models()}
+        cached: dict[str, dict[str, Any]] = {model: {"sae_ids": []} for model in self.cached_models()}
         for model_name, entry in {**cached, **self.shipped(), **(extra or {})}.items():
             release = self.release_name(model_name)
             directory[release] = PretrainedSAELookup(

@@ -146,7 +146,9 @@ class SavableResult(Presents):
     def save(self, path: str | Path) -> Path:
         """Save into folder ``path`` (created); returns it."""
         path = Path(path)
-        tensors, plain, nested = {}, {}, {}
+        tensors: dict[str, torch.Tensor] = {}
+        plain: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, field.name)
             if isinstance(value, torch.Tensor):

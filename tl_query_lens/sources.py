@@ -166,9 +166,9 @@ def load_dictionary(
         if model is None or layer is None:
             raise InputError(f"{source.spec!r} needs the model and a layer (e.g. 'ffkv:12').")
         return (
-            FFKV.from_model(model, layer, source.variant, source.k)
+            FFKV.from_model(model, layer, source.variant, source.k)  # type: ignore[arg-type]
             if source.k
-            else FFKV.from_model(model, layer, source.variant)
+            else FFKV.from_model(model, layer, source.variant)  # type: ignore[arg-type]
         )
     if source.kind == "folder":
         return load_sae(source.location, device=device)

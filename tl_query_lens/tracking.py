@@ -257,7 +257,7 @@ def read_offline_records(wandb_file: str | Path) -> list[Any]:
             continue
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
             record.ParseFromString(pending)
             records.append(record)
             pending = b""

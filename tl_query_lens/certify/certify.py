@@ -232,7 +232,7 @@ def build_certificate(
     n = int(loss_clean.shape[0])
     P, m = int(pool.sum()), int(pool.numel())
     schedule = sorted({x for x in (cfg.n_schedule or default_schedule(n)) if 1 <= x <= n} | {n})
-    kw = {"P": P, "m": m, "d_vocab": d_vocab, "alpha": cfg.alpha, "delta": cfg.delta}
+    kw: dict[str, Any] = {"P": P, "m": m, "d_vocab": d_vocab, "alpha": cfg.alpha, "delta": cfg.delta}
     curve = [
         bound_terms(loss_clean[:x], losses.loss_proxy[:x], losses.loss_restricted[:x], losses.leaves_pool[:x], **kw)
         for x in schedule

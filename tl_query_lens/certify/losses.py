@@ -216,7 +216,7 @@ def proxy_pass(
     first = exclude_first_positions
     starts = {s.start_layer for s in splices.values()}
     clean_losses: list[torch.Tensor] = []
-    parts: dict[str, dict[str, list[torch.Tensor]]] = {
+    parts: dict[Hashable, dict[str, list[torch.Tensor]]] = {
         n: {f: [] for f in ("loss_proxy", "loss_restricted", "leaves_pool", "kl_bits", "top1")} for n in splices
     }
     for start in tqdm(range(0, tokens.shape[0], batch_size), desc="proxy pass", leave=False):

@@ -64,7 +64,7 @@ ROW_TYPES: dict[str, type | tuple[type, None]] = {
 }
 
 
-def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | bool]:
+def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | bool | None]:
     """Every reported scalar of one certificate, both bound variants, the direct bound and both N* readings."""
     constant = cert.R_hat + cert.eps_hat + cert.Delta * cert.eta_hat
     log_choose = log_binomial(cert.m, cert.P)
@@ -289,12 +289,11 @@ def certify_protocol(
         cal = load_corpus(corpus, model, n_seqs=cfg.n_cal, seq_len=cfg.seq_len, split="calibration", seed=cfg.seed)
         ev, n_documents, n_eligible = protocol.evaluation_windows(model, corpus, cfg)
     shuffle = cfg.shuffle if isinstance(cfg.shuffle, bool) else list(cfg.shuffle)
-    sweep = certify_layers(
-        model, dict(saes_by_label), cal, ev, cfg=cfg.certify_config(), shuffle=shuffle, seed=cfg.seed
-    )
+    labelled: dict[int | str, Any] = {label: sae for label, sae in saes_by_label.items()}
+    sweep = certify_layers(model, labelled, cal, ev, cfg=cfg.certify_config(), shuffle=shuffle, seed=cfg.seed)
     return summarise(
-        sweep.certificates,
-        sweep.shuffled,
+        sweep.certificates,  # type: ignore[arg-type]  # labelled by the given (str) labels
+        sweep.shuffled,  # type: ignore[arg-type]
         cfg=cfg,
         n_documents=n_documents,
         n_eligible=n_eligible,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -154,7 +154,9 @@ def certify_layers(
             :func:`~tl_query_lens.certify.certify.certify`.
     """
     cfg = resolve_config(CertifyConfig, cfg, overrides)
-    splices = {(label, False): Splice(sae, rule=cfg.rule, k=cfg.k) for label, sae in saes_by_layer.items()}
+    splices: dict[Hashable, Splice] = {
+        (label, False): Splice(sae, rule=cfg.rule, k=cfg.k) for label, sae in saes_by_layer.items()
+    }
     if shuffle is not False:
         unknown = set() if shuffle is True else set(shuffle) - set(saes_by_layer)
         if unknown:

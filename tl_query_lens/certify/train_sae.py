@@ -1,9 +1,13 @@
-"""Train a small real SAE offline with SAELens' own ``LanguageModelSAETrainingRunner`` (for certification demos).
+"""Train one TopK residual SAE for certification demos, through the project's one SAE trainer.
 
-The runner accepts an in-memory model (``override_model``) and an in-memory dataset (``override_dataset``): we hand
-it the loaded TransformerLens model and a ``datasets.Dataset`` with one ``input_ids`` row per corpus sequence (from
-:func:`tl_query_lens.load_corpus`, train split), so nothing touches a hub. W&B logging of the runner is off; the
-trained SAE is written with SAELens' ``save_inference_model`` (``SAE.load_from_disk`` reads it back).
+:func:`train_sae` is a thin front to :func:`tl_query_lens.saes.train.train_saes` (SAELens' ``MultiSAETrainer`` over a
+cached activation pass, seeded shuffled epochs, checkpoints and resume): a :class:`SAETrainSpec` becomes an
+:class:`~tl_query_lens.saes.train.SAESuiteConfig` for one residual SAE. Nothing touches a hub; the SAE is written in
+SAELens' inference format (``SAE.load_from_disk`` reads it back).
+
+Departures from the suite's defaults, so that a certification SAE sees what certification scores: every position of
+a window is trained on (``exclude_first_positions=0``), in float32 throughout (no bf16 autocast), with no final
+learning-rate decay; the runner's 10 warm-up steps.
 
 Example::
 
@@ -12,7 +16,7 @@ Example::
 
     model = load_model("smollm2-135m")
     path = train_sae(model, SAETrainSpec(layer=20, d_sae=2304, k=32, training_tokens=300_000))
-    # → ~/.cache/tl_query_lens/saes/smollm2-135m-blocks.20.hook_resid_post-topk2304-k32/
+    # → ~/.cache/tl_query_lens/saes/smollm2-135m-blocks.20.hook_resid_post-topk2304-k32/blocks.20.hook_resid_post
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
-from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.corpus import load_corpus
-from tl_query_lens.hooks import check_hook, hook_dims
+from tl_query_lens.errors import InputError
+from tl_query_lens.hooks import check_hook
 from tl_query_lens.models import cache_dir
+from tl_query_lens.saes.registry import sae_id
+from tl_query_lens.saes.train import SAESuiteConfig, train_saes
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +44,11 @@ class SAETrainSpec:
 
     Attributes:
         layer: layer of the hook.
-        hook: hook suffix inside ``blocks.{layer}`` (default the residual stream after the block).
+        hook: hook suffix inside ``blocks.{layer}``: the residual stream after the block (the one the suite trainer
+            trains SAEs at).
         d_sae: dictionary size.
         k: TopK sparsity of the SAE (its native rule).
-        training_tokens: tokens to train on (the train split is cycled if it holds fewer).
+        training_tokens: tokens to train on (the cached train split is cycled in shuffled epochs if it holds fewer).
         context_size: tokens per sequence (the corpus windows have this length).
         batch_size_tokens: tokens per optimiser step.
         lr: Adam learning rate.
@@ -71,18 +77,36 @@ class SAETrainSpec:
     def hook_name(self) -> str:
         return f"blocks.{self.layer}.{self.hook}"
 
+    def suite_config(self, model_name: str) -> SAESuiteConfig:
+        """The suite trainer's config for this one SAE (the module docstring lists the departures)."""
+        return SAESuiteConfig(
+            model=model_name,
+            layers=(self.layer,),
+            kinds=("sae",),
+            d_sae=self.d_sae,
+            k=self.k,
+            transcoder_k=None,
+            corpus="embedded",
+            n_seqs=None,
+            seq_len=self.context_size,
+            training_tokens=self.training_tokens,
+            batch_size_tokens=self.batch_size_tokens,
+            lr=self.lr,
+            lr_warm_up_steps=10,
+            lr_decay_fraction=0.0,
+            dead_feature_window=1000,
+            n_checkpoints=0,
+            seed=self.seed,
+            exclude_first_positions=0,
+            autocast=False,
+            autocast_lm=False,
+        )
+
 
 def default_sae_dir(model: HookedTransformer, spec: SAETrainSpec) -> Path:
     """``<user cache>/saes/<model>-<hook>-topk<d_sae>-k<k>``."""
     name = (model.cfg.model_name or "model").replace("/", "_")
     return cache_dir() / "saes" / f"{name}-{spec.hook_name}-topk{spec.d_sae}-k{spec.k}"
-
-
-def corpus_dataset(tokens: torch.Tensor):
-    """A ``datasets.Dataset`` with an ``input_ids`` column, one row per sequence (what the runner's store reads)."""
-    from datasets import Dataset
-
-    return Dataset.from_dict({"input_ids": tokens.tolist()})
 
 
 def train_sae(
@@ -91,54 +115,33 @@ def train_sae(
     *,
     tokens: torch.Tensor | None = None,
     out_dir: str | Path | None = None,
-    device: str = "cpu",
+    device: str | None = None,
 ) -> Path:
-    """Train a TopK SAE at ``spec.hook_name`` with SAELens' runner, fully offline; returns the saved folder.
+    """Train a TopK SAE at ``spec.hook_name`` with the suite trainer, fully offline; returns the saved SAE's folder.
 
     Args:
-        model: the TransformerLens model (passed to the runner as ``override_model``).
+        model: the TransformerLens model (on the device training runs on).
         spec: what to train.
         tokens: ``[n_seqs, context_size]`` training sequences; default: the whole embedded train split.
-        out_dir: where to save (default :func:`default_sae_dir`).
-        device: training device.
+        out_dir: the training folder (default :func:`default_sae_dir`); the SAE is saved in its sub-folder named by
+            the SAE's id (``blocks.L.hook_resid_post``), the activation cache and checkpoints in ``.train/`` (a rerun
+            with the same spec returns the trained SAE at once).
+        device: the training device; the model's own (None, the default) is the only one accepted: move the model.
     """
-
     check_hook(model, spec.hook_name)
-    d_in = hook_dims(model, [spec.hook_name])[spec.hook_name]
+    if spec.hook != "hook_resid_post":
+        raise InputError(
+            f"hook={spec.hook!r}: the SAE trainer trains residual SAEs at blocks.L.hook_resid_post (and MLP "
+            "transcoders through tl_query_lens.saes.train.train_saes); use hook='hook_resid_post'."
+        )
+    model_device = next(model.parameters()).device
+    if device is not None and torch.device(device) != model_device:
+        raise InputError(f"device={device!r}: training runs on the model's device ({model_device}); move the model.")
     if tokens is None:
         tokens = _whole_split(model, spec.context_size)
     if tokens.shape[1] != spec.context_size:
         raise ValueError(f"tokens have {tokens.shape[1]} positions but spec.context_size={spec.context_size}.")
     out = Path(out_dir) if out_dir is not None else default_sae_dir(model, spec)
-    cfg = LanguageModelSAERunnerConfig(
-        sae=TopKTrainingSAEConfig(d_in=d_in, d_sae=spec.d_sae, k=spec.k, dtype="float32", device=device),
-        model_name=model.cfg.model_name or "override",
-        hook_name=spec.hook_name,
-        dataset_path="",  # in-memory dataset, see override_dataset
-        is_dataset_tokenized=True,
-        streaming=False,
-        context_size=spec.context_size,
-        prepend_bos=False,  # our corpus windows carry no BOS; certification sees the same windows
-        training_tokens=spec.training_tokens,
-        train_batch_size_tokens=spec.batch_size_tokens,
-        store_batch_size_prompts=16,
-        # SAELens sizes its mixing buffer as n_batches_in_buffer × context_size tokens; keep it ≥ 2 batches.
-        n_batches_in_buffer=max(8, -(-2 * spec.batch_size_tokens // spec.context_size)),
-        lr=spec.lr,
-        lr_warm_up_steps=10,
-        n_batches_for_norm_estimate=10,
-        n_eval_batches=2,
-        eval_batch_size_prompts=8,
-        device=device,
-        seed=spec.seed,
-        dtype="float32",
-        logger=LoggingConfig(log_to_wandb=False),
-        checkpoint_path=None,
-        n_checkpoints=0,
-        output_path=str(out),
-        verbose=False,
-    )
-    runner = LanguageModelSAETrainingRunner(cfg, override_dataset=corpus_dataset(tokens), override_model=model)
     logger.info(
         "training a TopK SAE (d_sae=%d, k=%d) at %s on %d tokens",
         spec.d_sae,
@@ -146,9 +149,10 @@ def train_sae(
         spec.hook_name,
         spec.training_tokens,
     )
-    runner.run()
-    logger.info("saved the SAE to %s", out)
-    return out
+    result = train_saes(model, spec.suite_config(model.cfg.model_name or "model"), tokens=tokens, folder=out)
+    path = Path(result.folder) / sae_id("sae", spec.layer)
+    logger.info("saved the SAE to %s", path)
+    return path
 
 
 def _whole_split(model: HookedTransformer, seq_len: int) -> torch.Tensor:

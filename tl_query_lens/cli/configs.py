@@ -35,8 +35,16 @@ def build(
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
+        nested = _unwrap(hints[f.name])[0]
         if f.name in values:
             kwargs[f.name] = values[f.name]
+        elif (
+            dataclasses.is_dataclass(nested) and f.default_factory is not dataclasses.MISSING and f.name not in exclude
+        ):
+            names = {g.name for g in dataclasses.fields(nested)}  # a nested config, from its own options
+            kwargs[f.name] = build(
+                typing.cast(type, nested), args, exclude=exclude, **{k: v for k, v in values.items() if k in names}
+            )
         elif (
             f.init
             and f.name not in exclude

@@ -93,6 +93,11 @@ def add_options(
     defaults, aliases, taken = defaults or {}, aliases or {}, set(taken or ())
     for f in dataclasses.fields(cls):
         kind = _unwrap(hints[f.name])[0]
+        if dataclasses.is_dataclass(kind) and f.default_factory is not dataclasses.MISSING and f.name not in skip:
+            taken = add_options(
+                parser, typing.cast(type, kind), skip=skip, defaults=defaults, aliases=aliases, taken=taken
+            )
+            continue  # a nested config (e.g. the engine's): its fields are options of their own
         unsupported = dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind))
         if f.name in taken or f.name in skip or not f.init or unsupported:
             continue

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
             ev_seqs=ev["n_seqs"],
             ev_seq_len=ev["seq_len"],
         )
-    engine = build(Table1Config, args, features=None)  # k, skip_positions, chunk, cache_dir
+    table1 = build(Table1Config, args, features=None)  # k and the engine's options
+    engine = table1.engine
     dims = check_run(run_cfg, folders={"--cache-dir": engine.cache_dir})
     if engine.skip_positions >= run_cfg.seq_len:
         raise InputError(
@@ -86,9 +87,7 @@ def run(args: argparse.Namespace) -> int:
     layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
     features = parse_features(run_cfg.features or "all", model.cfg.d_mlp)  # checked before any operator
     tokens = load_tokens(run_cfg, model, "train")
-    lens = QueryLens(
-        model, tokens, skip_positions=engine.skip_positions, chunk=engine.chunk, cache_dir=engine.cache_dir
-    )
+    lens = QueryLens(model, tokens, engine=engine)
     sides = ["value", "key"] if options.side == "both" else [options.side]
     key_method = "full" if options.method == "first_order" else options.method  # first_order is value-side only
     out = Path(run_cfg.out)
@@ -97,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
             sae = FFKV.from_model(model, layer)
             for side in sides:
                 if side == "value":
-                    sig = lens.value_signatures(sae, features, k=engine.k, method=options.method)
+                    sig = lens.value_signatures(sae, features, k=table1.k, method=options.method)
                 else:
-                    sig = lens.key_signatures(sae, features, k=engine.k, method=key_method)
+                    sig = lens.key_signatures(sae, features, k=table1.k, method=key_method)
                 folder = sig.save(out / f"layer{layer}_{side}")
                 columns, rows = sig.to_table()
                 track.log_table(f"signatures_layer{layer}_{side}", columns, rows)

@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.absorption import (
     AbsorptionConfig,
     first_letter_absorption,
@@ -229,7 +230,7 @@ def compare_dictionaries(
     Adds the random-model FF-KV control for every layer that appears (``cfg.random_control``) and, for every
     transcoder, its faithfulness to the same layer's FF-KV (and the random model's FF-KV as a null reference).
     """
-    cfg = CompareConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
+    cfg = resolve_config(CompareConfig, cfg, overrides)
     if isinstance(cfg.absorption, dict):
         cfg.absorption = AbsorptionConfig(**cfg.absorption)
     if isinstance(cfg.faithfulness, dict):
@@ -260,7 +261,7 @@ def compare_dictionaries(
             for variant in cfg.control_variants:
                 k = _control_k(rows, layer, cfg) if variant == "topk" else None
                 name = f"random FF-KV {variant}{k or ''} L{layer}"
-                control[name] = FFKV.from_model(random_model, layer, variant, k)
+                control[name] = FFKV.from_model(random_model, layer, variant, k)  # type: ignore[arg-type]
                 if variant == "vanilla":
                     controls[layer] = control[name]
         r_data = first_letter_activations(random_model, _hooks(control), cfg=cfg.absorption) if cfg.absorption else None
@@ -277,6 +278,7 @@ def compare_dictionaries(
         if dictionary_kind(sae) != "transcoder":
             continue
         layer = as_key_value(sae).layer
+        assert layer is not None  # a transcoder writes inside a block
         reference = FFKV.from_model(model, layer, "vanilla")
         faithfulness.append(_faithfulness_row(label, layer, sae, reference, cfg))
     for layer, sae in controls.items():  # the null in real shapes: random-model FF-KV against the trained one

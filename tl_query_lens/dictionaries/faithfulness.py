@@ -24,7 +24,14 @@ from tl_query_lens.results import SavableResult
 
 @dataclass
 class FaithfulnessConfig:
-    """Options: null quantile, number of random rotations, chunking, seed."""
+    """Options of :func:`transcoder_faithfulness`.
+
+    Attributes:
+        quantile: quantile of the null distribution (best cosines after random rotations) a match must exceed.
+        n_rotations: random rotations of the transcoder's vectors that make the null distribution.
+        chunk: rows per block of the all-pairs cosine search (memory grows with chunk x d_mlp).
+        seed: seed of the random rotations.
+    """
 
     quantile: float = 0.99
     n_rotations: int = 4

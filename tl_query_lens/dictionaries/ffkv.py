@@ -216,7 +216,7 @@ class FFKV:
             raise ValueError(f"FF-KV supports MLP activations {sorted(ACTIVATIONS)}, not {cfg.act_fn!r}.")
         refuse_norm_after_only(model, "FF-KV")
         block = model.blocks[layer]
-        mlp = block.mlp
+        mlp: Any = block.mlp  # MLP or GatedMLP (W_gate)
         ln = getattr(block, "ln2", None)
         w_ln = getattr(ln, "w", None)
         b_ln = getattr(ln, "b", None)
@@ -235,7 +235,7 @@ class FFKV:
         b_key = b_ln.float() @ W_key + (torch.zeros_like(b_in) if gated else b_in)
 
         W_out = mlp.W_out.detach().float()
-        act_scale = torch.ones(cfg.d_mlp, device=W_out.device)
+        act_scale = torch.ones(W_out.shape[0], device=W_out.device)  # [d_mlp]
         if variant == "normalized":
             act_scale = W_out.norm(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
             W_out = W_out / act_scale[:, None]

@@ -234,6 +234,7 @@ def _through_W_O(view: KeyValueView, model: HookedTransformer) -> KeyValueView:
     head-space decoder rows (one head's zero-padded) as its tangents (:meth:`KeyValueView.source_tangents`)."""
     refuse_norm_after_only(model, "Mapping a hook_z SAE through W_O")
     layer = hook_layer(view.read_hook)
+    assert layer is not None  # a hook_z view reads blocks.L.attn.hook_z
     attn = model.blocks[layer].attn
     W_O = attn.W_O.detach().float()  # [n_heads, d_head, d_model]
     n_heads, d_head, _ = W_O.shape

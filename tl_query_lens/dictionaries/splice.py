@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,86 @@ class SpliceMetrics(SavableResult):
     n_tokens: int
 
 
+class SpliceStats:
+    """Streaming sums of one dictionary's splice statistics, batch by batch: the one place they are computed.
+
+    :func:`splice_metrics` (any dictionary, one spliced forward pass per batch) and
+    :func:`tl_query_lens.saes.report.suite_quality` (many dictionaries, restarted from the clean residual) both feed it.
+    Per batch (:meth:`update`): the codes, the write-hook activation and its reconstruction at the scored positions,
+    and the clean, spliced (and optionally zero-ablated) logits of the whole windows. L0, alive, EV and KL count the
+    scored positions; CE counts every next-token prediction.
+    """
+
+    def __init__(self, d_sae: int) -> None:
+        self.fired = torch.zeros(d_sae, dtype=torch.bool)
+        self.l0 = self.sse = self.y_sq = self.kl = 0.0
+        self.y_sum: torch.Tensor | float = 0.0
+        self.ce_clean = self.ce_spliced = self.ce_zero = 0.0
+        self.n_tokens = self.n_predictions = 0
+        self.has_zero = False
+
+    def update(
+        self,
+        tokens: Int[torch.Tensor, "batch pos"],
+        keep: torch.Tensor,
+        acts: torch.Tensor,
+        y: torch.Tensor,
+        y_hat: torch.Tensor,
+        clean_logits: torch.Tensor,
+        spliced_logits: torch.Tensor,
+        zero_logits: torch.Tensor | None = None,
+    ) -> None:
+        """Add one batch.
+
+        Args:
+            tokens: the batch ``[batch, pos]``.
+            keep: ``[pos]`` bool, the scored positions (all but the ``exclude_first_positions`` first ones).
+            acts: codes at the scored positions ``[batch, kept, d_sae]``.
+            y / y_hat: write-hook activation and its reconstruction at the scored positions ``[batch, kept, ...]``.
+            clean_logits / spliced_logits / zero_logits: ``[batch, pos, d_vocab]`` of the clean run, the spliced run
+                and the run with the write hook zeroed (CE recovered; None: not measured).
+        """
+        y, y_hat = y.flatten(2), y_hat.flatten(2)  # hook_z: [batch, kept, n_heads·d_head]
+        nonzero = acts != 0
+        self.fired |= nonzero.reshape(-1, self.fired.numel()).any(0).cpu()
+        self.l0 += nonzero.sum().item()
+        self.sse += (y - y_hat).pow(2).sum().item()
+        self.y_sum = self.y_sum + y.reshape(-1, y.shape[-1]).double().sum(0)
+        self.y_sq += y.double().pow(2).sum().item()
+        self.n_tokens += y.shape[0] * y.shape[1]
+        self.n_predictions += tokens.shape[0] * (tokens.shape[1] - 1)
+        self.ce_clean += _ce_sum(clean_logits, tokens)
+        self.ce_spliced += _ce_sum(spliced_logits, tokens)
+        logp, logq = clean_logits.log_softmax(-1), spliced_logits.log_softmax(-1)
+        self.kl += kl_divergence(logp, logq)[:, keep].sum().item()
+        if zero_logits is not None:
+            self.has_zero = True
+            self.ce_zero += _ce_sum(zero_logits, tokens)
+
+    def metrics(self) -> dict[str, Any]:
+        """alive_rate, mean_l0, explained_variance, ce_clean, ce_spliced, ce_delta, kl, n_tokens (and ce_zero,
+        ce_recovered = (CE_zero − CE_spliced) / (CE_zero − CE_clean) when zero-ablated logits were given)."""
+        n_tok, n_pred = self.n_tokens, self.n_predictions
+        y_sum = torch.as_tensor(self.y_sum, dtype=torch.float64)
+        sst = self.y_sq - (y_sum.pow(2).sum() / n_tok).item()
+        clean, spliced = self.ce_clean / n_pred, self.ce_spliced / n_pred
+        out: dict[str, Any] = {
+            "alive_rate": self.fired.float().mean().item(),
+            "mean_l0": self.l0 / n_tok,
+            "explained_variance": 1.0 - self.sse / max(sst, 1e-30),
+            "ce_clean": clean,
+            "ce_spliced": spliced,
+            "ce_delta": (self.ce_spliced - self.ce_clean) / n_pred,
+            "kl": self.kl / n_tok,
+            "n_tokens": n_tok,
+        }
+        if self.has_zero:
+            zero = self.ce_zero / n_pred
+            out["ce_zero"] = zero
+            out["ce_recovered"] = (zero - spliced) / (zero - clean) if zero != clean else float("nan")
+        return out
+
+
 @torch.no_grad()
 def splice_metrics(
     model: HookedSAETransformer,
@@ -67,7 +148,8 @@ def splice_metrics(
 
     Metrics are taken in the dictionary's own space, at its own hooks (``metadata.hook_name`` / ``hook_name_out``), as
     SAELens splices it: a hook_z SAE (all heads, ``reshape_activations="hook_z"``) is measured on the concatenated
-    ``hook_z`` (``[n_heads·d_head]``), not on ``hook_attn_out`` where its key–value view writes.
+    ``hook_z`` (``[n_heads·d_head]``), not on ``hook_attn_out`` where its key–value view writes. The statistics are
+    :class:`SpliceStats`'.
     """
     view = as_key_value(sae, model)
     if view.head_index is not None:
@@ -81,24 +163,12 @@ def splice_metrics(
     tokens = check_tokens(model, tokens)
     check_first_positions(exclude_first_positions, tokens.shape[1])
     keep = torch.arange(tokens.shape[1], device=model.cfg.device) >= exclude_first_positions
-    fired = torch.zeros(view.d_sae, dtype=torch.bool)
-    l0_sum = sse = ce_clean = ce_spliced = kl_sum = 0.0
-    y_sum = y_sq = 0.0
-    n_tok = 0
+    stats = SpliceStats(view.d_sae)
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         logits, cache = model.run_with_cache(batch, names_filter=[read_hook, write_hook])
-        x, y = cache[read_hook], cache[write_hook]
-        acts = sae.encode(x[:, keep])
-        y_hat = sae.decode(acts).flatten(2)  # hook_z: [batch, pos, n_heads·d_head]
-        y = y[:, keep].flatten(2)
-        nonzero = acts != 0
-        fired |= nonzero.reshape(-1, view.d_sae).any(0).cpu()
-        l0_sum += nonzero.sum().item()
-        sse += (y - y_hat).pow(2).sum().item()
-        y_sum = y_sum + y.reshape(-1, y.shape[-1]).sum(0).double()
-        y_sq += y.double().pow(2).sum().item()
-        n_tok += y.shape[0] * y.shape[1]
+        acts = sae.encode(cache[read_hook][:, keep])
+        y_hat = sae.decode(acts)
         if exclude_first_positions:
 
             def splice(act: torch.Tensor, hook: Any, y_hat: torch.Tensor = y_hat) -> torch.Tensor:
@@ -107,21 +177,9 @@ def splice_metrics(
             spliced = model.run_with_hooks(batch, fwd_hooks=[(write_hook, splice)])
         else:
             spliced = model.run_with_saes(batch, saes=[sae], use_error_term=False)
-        ce_clean += _ce_sum(logits, batch)
-        ce_spliced += _ce_sum(spliced, batch)
-        kl_sum += kl_divergence(logits.log_softmax(-1), spliced.log_softmax(-1))[:, keep].sum().item()
-    n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
-    sst = y_sq - (y_sum.pow(2).sum() / n_tok).item()
-    metrics = SpliceMetrics(
-        alive_rate=fired.float().mean().item(),
-        mean_l0=l0_sum / n_tok,
-        explained_variance=1.0 - sse / max(sst, 1e-30),
-        ce_clean=ce_clean / n_pred,
-        ce_spliced=ce_spliced / n_pred,
-        ce_delta=(ce_spliced - ce_clean) / n_pred,
-        kl=kl_sum / n_tok,
-        n_tokens=n_tok,
-    )
+        stats.update(batch, keep, acts, cache[write_hook][:, keep], y_hat, logits, spliced)
+    values = stats.metrics()
+    metrics = SpliceMetrics(**{f.name: values[f.name] for f in dataclasses.fields(SpliceMetrics)})
     return check_outputs(
         metrics,
         "splice_metrics",

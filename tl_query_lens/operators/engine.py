@@ -25,9 +25,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -35,11 +35,13 @@ from torch.func import jvp, vmap
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
 from tl_query_lens.models import copy_model
 from tl_query_lens.operators import flops
+from tl_query_lens.operators.config import SWEEP_DTYPES, EngineConfig
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
 from tl_query_lens.primitives import stop_layer
@@ -185,7 +187,8 @@ def _run_sweep(
     def grab(x: torch.Tensor, hook) -> None:
         captured[hook.name] = _flat(x)
 
-    hooks = [(name, inject) for name in sweep.perturb] + [(name, grab) for name in sweep.read]
+    hooks: list[tuple[str | Callable, Callable]] = [(name, inject) for name in sweep.perturb]
+    hooks += [(name, grab) for name in sweep.read]
     n_basis = sweep.width(widths)
     if sweep.direction == "reverse":
         (d_out,) = {widths[n] for n in sweep.read}
@@ -244,19 +247,12 @@ def _compute(
     shapes: dict[str, tuple[int, int]],
     sweeps: list[_Sweep],
     widths: dict[str, int],
-    *,
-    skip_positions: int,
-    chunk: int,
-    batch_size: int,
-    cache_dir,
-    progress: bool,
-    max_memory_gb: float | None = None,
-    sweep_dtype: torch.dtype | None = None,
-    sweep_autocast: bool = False,
+    engine: EngineConfig,
 ) -> OperatorSet:
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
-    if chunk < 1 or batch_size < 1:
-        raise ValueError(f"chunk and batch_size must be ≥ 1 (got {chunk}, {batch_size}).")
+    skip_positions, chunk, batch_size = engine.skip_positions, engine.chunk, engine.batch_size
+    cache_dir, progress, max_memory_gb = engine.cache_dir, engine.progress, engine.max_memory_gb
+    sweep_dtype, sweep_autocast = engine.dtype, engine.sweep_autocast
     tokens = check_tokens(model, tokens, skip_positions)
     if sweep_autocast:
         if sweep_dtype is None or sweep_dtype == model.cfg.dtype:
@@ -269,7 +265,7 @@ def _compute(
     if max_memory_gb is not None:
         chunk = chunk_for_memory(model, sweeps, widths, min(batch_size, len(tokens)), tokens.shape[1], max_memory_gb)
     basis = basis_fingerprint(sweeps[0].basis) if sweeps[0].basis is not None else None
-    device = torch.device(model.cfg.device)
+    device = torch.device(model.cfg.device)  # type: ignore[arg-type]
     fingerprint = corpus_fingerprint(tokens)
     dtype = precision
     model_name = str(model.cfg.model_name)
@@ -285,12 +281,12 @@ def _compute(
         state = OperatorSet.load(path)
         if state.complete:
             logger.info("Reusing cached %s from %s", state.describe(), path)
-            return state.to(model.cfg.device)
+            return state.to(model.cfg.device)  # type: ignore[arg-type]
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
     if state is None:
         state = OperatorSet(
-            kind=kind,
+            kind=kind,  # type: ignore[arg-type]
             sums={n: torch.zeros(shapes[n], device=device) for n in names},
             count=0,
             model_name=model_name,
@@ -345,7 +341,7 @@ def _compute(
     return state
 
 
-_SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_SWEEP_DTYPES = tuple(SWEEP_DTYPES.values())
 
 
 def _in_dtype(model, dtype: torch.dtype | None, *, check_only: bool = False):
@@ -371,18 +367,12 @@ def value_operators(
     model: HookedTransformer,
     tokens: Int[torch.Tensor, "batch pos"],
     hooks: Sequence[str],
+    engine: EngineConfig | None = None,
     *,
-    skip_positions: int = 0,
-    chunk: int = 64,
-    batch_size: int = 8,
-    cache_dir=None,
-    progress: bool = True,
     direction: Direction = "reverse",
     basis: Float[torch.Tensor, "n d_src"] | None = None,
-    max_memory_gb: float | None = None,
     destination: str | None = None,
-    sweep_dtype: torch.dtype | None = None,
-    sweep_autocast: bool = False,
+    **overrides: Any,
 ) -> OperatorSet:
     """Value operators ``M_src`` ``[d_model, d_src]`` from each source hook to the final residual (docs/design.md §4).
 
@@ -396,25 +386,17 @@ def value_operators(
         model: a HookedTransformer (run clean; SAEs attached to a HookedSAETransformer are ignored only if not spliced).
         tokens: ``[batch, pos]`` corpus.
         hooks: source hooks (e.g. ``blocks.18.hook_resid_post``).
-        skip_positions: leading positions of each sequence excluded from T.
-        chunk: cotangents/tangents per batched pass (memory ∝ chunk × batch × pos × width).
-        batch_size: sequences per forward pass.
-        cache_dir: folder to reuse/resume results whose metadata (model, hooks, corpus, dtype, skip) match.
-        progress: tqdm bar.
+        engine / overrides: an :class:`~tl_query_lens.operators.config.EngineConfig` (skip_positions, chunk,
+            batch_size, cache_dir, progress, max_memory_gb, sweep_dtype, sweep_autocast); keyword overrides replace
+            single fields (``value_operators(model, tokens, hooks, chunk=16, progress=False)``).
         direction: ``"reverse"`` or ``"forward"``.
         basis: the feature basis — ``n`` source directions ``v_i`` (rows) pushed forward directly, so each operator is
             ``M_src Vᵀ`` ``[d_model, n]`` at the cost of n tangents instead of d_src (``direction`` is then forward).
             None: the identity basis, the full operator.
-        max_memory_gb: choose ``chunk`` from this working-memory budget (:func:`chunk_for_memory`).
         destination: the hook the operators map into (``[d_dst, d_src]``), e.g. ``blocks.l.hook_mlp_out`` for the
             corpus-mean Jacobian of an MLP's write w.r.t. its ``mlp.hook_post``; None: the final residual.
-        sweep_dtype: run the sweeps on a copy of the model in this dtype (e.g. ``torch.bfloat16``: tensor-core
-            products, half the activation memory); the operators still accumulate in fp32 and are cached under that
-            dtype. None: the model's own dtype (no copy).
-        sweep_autocast: with ``sweep_dtype``, run the sweeps under ``torch.autocast(device, sweep_dtype)`` on the
-            model itself instead of a copy: matrix products in ``sweep_dtype``, norms, softmax and the residual
-            stream in the model's dtype (more accurate than a bf16 copy; docs/gpu.md). Cached as ``"<dtype>-autocast"``.
     """
+    engine = resolve_config(EngineConfig, engine, overrides)
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
         raise ValueError("Give at least one source hook.")
@@ -444,14 +426,7 @@ def value_operators(
         shapes,
         sweeps,
         widths,
-        skip_positions=skip_positions,
-        chunk=chunk,
-        batch_size=batch_size,
-        cache_dir=cache_dir,
-        progress=progress,
-        max_memory_gb=max_memory_gb,
-        sweep_dtype=sweep_dtype,
-        sweep_autocast=sweep_autocast,
+        engine,
     )
 
 
@@ -459,17 +434,11 @@ def key_operators(
     model: HookedTransformer,
     tokens: Int[torch.Tensor, "batch pos"],
     hooks: Sequence[str],
+    engine: EngineConfig | None = None,
     *,
-    skip_positions: int = 0,
-    chunk: int = 64,
-    batch_size: int = 8,
-    cache_dir=None,
-    progress: bool = True,
     direction: Direction = "forward",
     basis: Float[torch.Tensor, "n d_dst"] | None = None,
-    max_memory_gb: float | None = None,
-    sweep_dtype: torch.dtype | None = None,
-    sweep_autocast: bool = False,
+    **overrides: Any,
 ) -> OperatorSet:
     """Key operators ``N_dst`` ``[d_dst, d_model]`` from the token embeddings (``hook_embed``) to each hook (docs/design.md §4).
 
@@ -479,6 +448,7 @@ def key_operators(
     operator is ``K N_dst`` ``[n, d_model]`` (row i = ``N_dstᵀ k_i``) at the cost of n cotangents (reverse mode).
     Other arguments as in :func:`value_operators`.
     """
+    engine = resolve_config(EngineConfig, engine, overrides)
     hooks = list(dict.fromkeys(hooks))
     if not hooks:
         raise ValueError("Give at least one destination hook.")
@@ -503,14 +473,7 @@ def key_operators(
         shapes,
         sweeps,
         widths,
-        skip_positions=skip_positions,
-        chunk=chunk,
-        batch_size=batch_size,
-        cache_dir=cache_dir,
-        progress=progress,
-        max_memory_gb=max_memory_gb,
-        sweep_dtype=sweep_dtype,
-        sweep_autocast=sweep_autocast,
+        engine,
     )
 
 
@@ -518,17 +481,11 @@ def module_operators(
     model: HookedTransformer,
     tokens: Int[torch.Tensor, "batch pos"],
     layers: Sequence[int] | None = None,
+    engine: EngineConfig | None = None,
     *,
-    skip_positions: int = 0,
-    chunk: int = 64,
-    batch_size: int = 8,
-    cache_dir=None,
-    progress: bool = True,
     direction: Direction = "reverse",
     basis: Float[torch.Tensor, "n d_model"] | None = None,
-    max_memory_gb: float | None = None,
-    sweep_dtype: torch.dtype | None = None,
-    sweep_autocast: bool = False,
+    **overrides: Any,
 ) -> OperatorSet:
     """Per-module operators of blocks ``layers`` (default all): ``blocks.k.attn`` = J̄_A^k and ``blocks.k.mlp`` = J̄_M^k,
     the corpus-mean Jacobians of block k's attention / MLP residual write w.r.t. the residual that module reads, each
@@ -543,6 +500,7 @@ def module_operators(
     attention and MLP writes share their input). ``basis``: ``n`` directions (rows) pushed forward through every
     module at once, so each operator is ``J̄ Vᵀ`` ``[d_model, n]``. Other arguments as in :func:`value_operators`.
     """
+    engine = resolve_config(EngineConfig, engine, overrides)
     if basis is not None:
         direction = "forward"
     n_layers = model.cfg.n_layers
@@ -582,14 +540,7 @@ def module_operators(
         {name: (d, n) for name in names},
         sweeps,
         widths,
-        skip_positions=skip_positions,
-        chunk=chunk,
-        batch_size=batch_size,
-        cache_dir=cache_dir,
-        progress=progress,
-        max_memory_gb=max_memory_gb,
-        sweep_dtype=sweep_dtype,
-        sweep_autocast=sweep_autocast,
+        engine,
     )
 
 

@@ -28,7 +28,7 @@ from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
-from tl_query_lens.operators import module_operators
+from tl_query_lens.operators import EngineConfig, module_operators
 from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
@@ -293,7 +293,11 @@ def channel_analysis(
     operators = {name: op.detach().float().cpu() for name, op in operators.items()}
     d = next(iter(values_by_source.values())).shape[1]
     rank = cfg.rank or max(1, d // n_layers)
-    names, sources, dests, modules, fits = [], [], [], [], {f: {} for f in cfg.fits}
+    names: list[str] = []
+    sources: list[int] = []
+    dests: list[int] = []
+    modules: list[str] = []
+    fits: dict[str, dict] = {f: {} for f in cfg.fits}
     metrics: dict[str, dict] = {f: {} for f in cfg.fits}
     for source, values in sorted(values_by_source.items()):
         n = values.shape[0]
@@ -313,7 +317,7 @@ def channel_analysis(
             name = f"l{source}->{module}"
             names.append(name)
             sources.append(source)
-            dests.append(hook_layer(module))
+            dests.append(_layer_of(module))
             modules.append(module.split(".")[-1])
             for fit_name in cfg.fits:
                 if fit_name == "closed_form":
@@ -362,14 +366,12 @@ class SubspaceChannelsConfig(ChannelConfig):
 
     Attributes:
         operator_layers: blocks whose module operators are computed (None: the first source layer + 1 .. L − 1).
-        skip_positions / chunk / cache_dir: the operator engine's options (operators kept in ``cache_dir`` and
-            reused for the same corpus and blocks).
+        engine: the operator engine's options (:class:`~tl_query_lens.operators.config.EngineConfig`; operators are
+            kept in its cache_dir and reused for the same corpus and blocks).
     """
 
     operator_layers: tuple[int, ...] | None = None
-    skip_positions: int = 0
-    chunk: int = 64
-    cache_dir: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -419,11 +421,9 @@ def subspace_channels(
             )
         values[source] = view.values
         downstream[source] = downstream_modules(view.value_hook, n_layers)  # attention writes: block l's MLP too
-    needed = sorted({hook_layer(name) for names in downstream.values() for name in names})
+    needed = sorted({_layer_of(name) for names in downstream.values() for name in names})
     layers = cfg.operator_layers or tuple(needed)
-    operators = module_operators(
-        model, tokens, layers, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
-    )
+    operators = module_operators(model, tokens, layers, cfg.engine)
     return channel_analysis(
         values, {name: operators[name] for name in operators}, n_layers=n_layers, downstream=downstream, cfg=cfg
     )

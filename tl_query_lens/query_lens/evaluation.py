@@ -206,12 +206,12 @@ class SignatureEvaluation(SavableResult):
             columns += [f"{m}_input"] + [f"{m}_output@{t}" for t in targets]
         rows = []
         for j in range(self.features.numel()):
-            row = [labels[j]] * (labels is not None) + [int(self.layers[j]), int(self.features[j])]
+            row = [labels[j]] * (labels is not None) + [int(self.layers[j]), int(self.features[j])]  # type: ignore[index]
             row += [float(self.alphas[t, j]) for t in range(len(targets))]
             row += [float(self.achieved_kl[t, j]) for t in range(len(targets))]
-            for m in range(len(self.methods)):
-                row += [float(self.input_scores[m, j])]
-                row += [float(self.output_scores[m, t, j]) for t in range(len(targets))]
+            for i in range(len(self.methods)):
+                row += [float(self.input_scores[i, j])]
+                row += [float(self.output_scores[i, t, j]) for t in range(len(targets))]
             rows.append(row)
         return columns, rows
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -41,11 +42,12 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.components import LayerNorm, LayerNormPre
 
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
-from tl_query_lens.errors import check_outputs
+from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.hooks import downstream_modules, hook_layer
-from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
+from tl_query_lens.operators import EngineConfig, OperatorSet, key_operators, module_operators, value_operators
 from tl_query_lens.operators.engine import basis_fingerprint, check_tokens
 from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
@@ -66,6 +68,32 @@ Basis = Literal["auto", "identity", "features"]
 _BASES = ("auto", "identity", "features")
 
 
+@dataclass
+class QueryLensConfig:
+    """Options of :class:`QueryLens`.
+
+    Attributes:
+        engine: how operators are computed and kept (:class:`~tl_query_lens.operators.config.EngineConfig`:
+            skip_positions, chunk, batch_size, cache_dir, progress, max_memory_gb, sweep_dtype, sweep_autocast).
+        feature_chunk: features scored per matmul against the vocabulary (memory grows with feature_chunk x d_vocab).
+        basis: how the engine is asked for a request of n features. 'identity': the full operator (d tangent passes;
+            kept and reused for every later request). 'features': the n requested value directions pushed forward
+            (key directions pulled back) directly, n passes, cached per feature set. 'auto': the full operator when it
+            is already held, else whichever basis is smaller (both passes walk the same chain of blocks, so the
+            estimate compares n x chain with d x chain). Overridable per call.
+    """
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    feature_chunk: int = 256
+    basis: Basis = "auto"
+
+    def __post_init__(self) -> None:
+        if self.feature_chunk < 1:
+            raise InputError(f"feature_chunk must be ≥ 1, got {self.feature_chunk}.")
+        if self.basis not in _BASES:
+            raise InputError(f"basis must be one of {_BASES}, not {self.basis!r}.")
+
+
 class QueryLens:
     """Key and value signatures for any dictionary ``as_key_value`` accepts, on a fixed corpus.
 
@@ -75,59 +103,33 @@ class QueryLens:
     Args:
         model: the clean TransformerLens model (no SAEs spliced in).
         tokens: ``[batch, pos]`` corpus the operators are averaged over.
-        skip_positions: leading positions excluded from the valid tokens T.
-        chunk / batch_size / cache_dir / progress / max_memory_gb / sweep_dtype / sweep_autocast: passed to the
-            engine (``sweep_dtype=torch.bfloat16``: operator sweeps on a bf16 copy of the model, fp32 accumulation;
-            with ``sweep_autocast=True`` under bf16 autocast on the model itself).
-        feature_chunk: features scored per matmul against the vocabulary (memory ∝ feature_chunk × d_vocab).
-        basis: how the engine is asked for a request of n features. ``"identity"``: the full operator (d tangent
-            passes; kept and reused for every later request). ``"features"``: the n requested value directions
-            pushed forward (key directions pulled back) directly — n passes, cached per feature set. ``"auto"``
-            (default): the full operator when it is already held, else whichever basis is smaller; both passes walk
-            the same chain of blocks, so the estimate compares n × chain with d × chain. Overridable per call.
+        cfg / overrides: a :class:`QueryLensConfig`; keyword overrides replace single fields, those of its
+            ``engine`` included (``QueryLens(model, tokens, skip_positions=1, progress=False)``,
+            ``sweep_dtype=torch.bfloat16``: operator sweeps on a bf16 copy of the model, fp32 accumulation; with
+            ``sweep_autocast=True`` under bf16 autocast on the model itself).
     """
 
     def __init__(
         self,
         model: HookedTransformer,
         tokens: Int[torch.Tensor, "batch pos"],
-        *,
-        skip_positions: int = 0,
-        chunk: int = 64,
-        batch_size: int = 8,
-        feature_chunk: int = 256,
-        cache_dir=None,
-        progress: bool = True,
-        basis: Basis = "auto",
-        max_memory_gb: float | None = None,
-        sweep_dtype: torch.dtype | None = None,
-        sweep_autocast: bool = False,
+        cfg: QueryLensConfig | None = None,
+        **overrides: Any,
     ) -> None:
-        if feature_chunk < 1:
-            raise ValueError(f"feature_chunk must be ≥ 1, got {feature_chunk}.")
-        if basis not in _BASES:
-            raise ValueError(f"basis must be one of {_BASES}, not {basis!r}.")
-        self.basis = basis
+        cfg = resolve_config(QueryLensConfig, cfg, overrides)
+        self.cfg = cfg
+        self.basis = cfg.basis
         self.model = model
-        self.tokens = check_tokens(model, tokens, skip_positions)
-        self.skip_positions = skip_positions
-        self.feature_chunk = feature_chunk
-        self._engine = {
-            "skip_positions": skip_positions,
-            "chunk": chunk,
-            "batch_size": batch_size,
-            "cache_dir": cache_dir,
-            "progress": progress,
-            "max_memory_gb": max_memory_gb,
-            "sweep_dtype": sweep_dtype,
-            "sweep_autocast": sweep_autocast,
-        }
-        self._pushed: dict[tuple[str, str, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
+        self.tokens = check_tokens(model, tokens, cfg.engine.skip_positions)
+        self.skip_positions = cfg.engine.skip_positions
+        self.feature_chunk = cfg.feature_chunk
+        self.engine = cfg.engine
+        self._pushed: dict[tuple[str, Any, str], torch.Tensor] = {}  # (kind, hook, basis fingerprint) → products
         self._value: dict[str | tuple[str, str], torch.Tensor] = {}  # hook, or (source, destination)
         self._key: dict[str, torch.Tensor] = {}
         self._module: dict[str, torch.Tensor] = {}
         self.fingerprint = corpus_fingerprint(self.tokens)
-        self.n_tokens = int(self.tokens[:, skip_positions:].numel())
+        self.n_tokens = int(self.tokens[:, self.skip_positions :].numel())
 
     # ----- operators ----------------------------------------------------------------------------------------------
     def precompute(
@@ -155,25 +157,25 @@ class QueryLens:
             if "full" in value_methods:
                 value_hooks.append(view.value_source or view.value_hook)
             if "first_order" in value_methods:
-                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]
+                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]  # type: ignore[misc]
                 if view.value_source is not None:
                     direct[view.value_source] = view.write_hook
             if "full" in key_methods:
                 key_hooks.append(view.read_hook)
         missing = [h for h in dict.fromkeys(value_hooks) if h not in self._value]
         if missing:
-            self._store(self._value, value_operators(self.model, self.tokens, missing, **self._engine))
+            self._store(self._value, value_operators(self.model, self.tokens, missing, engine=self.engine))
         for source, to in direct.items():
             self.value_operator(source, to=to)
         missing = [h for h in dict.fromkeys(key_hooks) if h not in self._key]
         if missing:
-            self._store(self._key, key_operators(self.model, self.tokens, missing, **self._engine))
+            self._store(self._key, key_operators(self.model, self.tokens, missing, engine=self.engine))
         layers = sorted({int(k) for k in module_layers if f"blocks.{int(k)}.attn" not in self._module})
         if layers:
-            self._store(self._module, module_operators(self.model, self.tokens, layers, **self._engine))
+            self._store(self._module, module_operators(self.model, self.tokens, layers, engine=self.engine))
 
     @staticmethod
-    def _store(target: dict[str, torch.Tensor], operators: OperatorSet) -> None:
+    def _store(target: dict[Any, torch.Tensor], operators: OperatorSet) -> None:
         for name in operators:
             target[name] = operators[name]  # the mean; raises on NaN/inf
 
@@ -185,7 +187,9 @@ class QueryLens:
             return self._value[hook]
         key = (hook, to)
         if key not in self._value:
-            self._value[key] = value_operators(self.model, self.tokens, [hook], destination=to, **self._engine)[hook]
+            self._value[key] = value_operators(self.model, self.tokens, [hook], destination=to, engine=self.engine)[
+                hook
+            ]
         return self._value[key]
 
     def key_operator(self, hook: str) -> Float[torch.Tensor, "d_in d_model"]:
@@ -360,16 +364,18 @@ class QueryLens:
             if kind == "value":
                 source, to = (hook, None) if isinstance(hook, str) else hook  # (src, dst): into dst
                 ops = value_operators(
-                    self.model, self.tokens, [source], basis=directions, destination=to, **self._engine
+                    self.model, self.tokens, [source], basis=directions, destination=to, engine=self.engine
                 )
                 self._pushed[key] = ops[source].T
             elif kind == "key":
-                self._pushed[key] = key_operators(self.model, self.tokens, [hook], basis=directions, **self._engine)[
-                    hook
-                ]
+                assert isinstance(hook, str)
+                self._pushed[key] = key_operators(
+                    self.model, self.tokens, [hook], basis=directions, engine=self.engine
+                )[hook]
             else:
+                assert isinstance(hook, str)
                 layers = [int(k) for k in hook.split(",")]
-                ops = module_operators(self.model, self.tokens, layers, basis=directions, **self._engine)
+                ops = module_operators(self.model, self.tokens, layers, basis=directions, engine=self.engine)
                 for name in ops:
                     self._pushed[("module", name, key[2])] = ops[name].T
                 self._pushed[key] = directions
@@ -417,6 +423,7 @@ class QueryLens:
         the value hook, exactly as for a fixed value ``v = u_i``.
         """
         tangents = view.source_tangents(ids).to(self.model.cfg.device)
+        assert view.value_source is not None  # called for post-norm views only
         if method == "full":
             return self._pushed_to(view.value_source, tangents, basis, d=self.model.cfg.d_model), None, None
         direct = self._pushed_to(view.value_source, tangents, basis, d=self.model.cfg.d_model, to=view.write_hook)
@@ -438,13 +445,13 @@ class QueryLens:
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[str]]:
         """``v + Σ_m J̄_m v`` over the modules downstream of the residual hook ``hook``, with its terms."""
         names = downstream_modules(hook, self.model.cfg.n_layers)
-        layers = sorted({hook_layer(n) for n in names})
+        layers = sorted({hook_layer(n) for n in names})  # type: ignore[type-var]
         if names and self._feature_basis(len(values), values.shape[1], all(n in self._module for n in names), basis):
             fingerprint = basis_fingerprint(values)
             self._push("module", ",".join(map(str, layers)), values)
             terms = [values] + [self._pushed[("module", n, fingerprint)] for n in names]
         else:
-            self.precompute(module_layers=layers)
+            self.precompute(module_layers=layers)  # type: ignore[arg-type]
             terms = [values] + [values @ self._module[n].T for n in names]  # v, J̄_m v
         return torch.stack(terms).sum(0), terms, ["direct", *names]
 
@@ -462,7 +469,7 @@ class QueryLens:
 
     def _norm_parts(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """``(1/σ(u) [n,1], w [d], centre?)`` with LN_f(u) = w ⊙ P(u)/σ(u) + b."""
-        norm = self.model.ln_final
+        norm: Any = self.model.ln_final
         centre = isinstance(norm, (LayerNorm, LayerNormPre))
         centred = raw - raw.mean(-1, keepdim=True) if centre else raw
         inv_scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
@@ -507,10 +514,10 @@ class QueryLens:
         model = self.model
         basis = None
         if readout == "embed_centred":
-            basis = centred_embeddings(model, center)  # reuse across chunks
+            basis = centred_embeddings(model, center)  # type: ignore[arg-type]  # reuse across chunks
         tops, top_scores, bottoms, bottom_scores = [], [], [], []
         starts = range(0, len(ids), self.feature_chunk)
-        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self._engine["progress"]):
+        for start in tqdm(starts, desc=f"{side} signatures", disable=len(starts) < 4 or not self.engine.progress):
             chunk = directions[start : start + self.feature_chunk]
             if basis is not None:
                 scores = chunk.to(basis) @ basis.T

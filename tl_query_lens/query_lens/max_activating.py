@@ -181,4 +181,4 @@ def output_scores(
 def view_start_layer(view: KeyValueView) -> int:
     """First layer whose computation a feature edit can change (resume a cached clean run from there)."""
     layers = [hook_layer(view.read_hook), hook_layer(view.write_hook)]
-    return 0 if any(layer is None for layer in layers) else min(layers)  # type: ignore[type-var]
+    return 0 if any(layer is None for layer in layers) else min(layers)  # type: ignore[type-var, return-value]

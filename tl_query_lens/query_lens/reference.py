@@ -64,7 +64,7 @@ def mlp_input(block, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch
 
 def _captured(hook_point, run) -> torch.Tensor:
     """The value ``hook_point`` carries while ``run()`` executes, captured by a temporary torch forward hook."""
-    grabbed = {}
+    grabbed: dict[str, torch.Tensor] = {}
     handle = hook_point.register_forward_hook(lambda module, args, out: grabbed.__setitem__("x", out))
     try:
         run()
@@ -111,13 +111,13 @@ def mlp_write_tangent(
     block = model.blocks[layer]
     x = mlp_input(block, stream[layer])
     post = _captured(block.mlp.hook_post, lambda: block.mlp(block.ln2(x)))
-    mlp = block.mlp
+    mlp: Any = block.mlp
 
     def write(p: torch.Tensor) -> torch.Tensor:
         out = p @ mlp.W_out + mlp.b_out
         return block.ln2_post(out) if block.cfg.use_normalization_before_and_after else out
 
-    _, out = jvp(write, (post,), (tangent.to(post.dtype).expand_as(post).contiguous(),))
+    out = jvp(write, (post,), (tangent.to(post.dtype).expand_as(post).contiguous(),))[1]
     return out
 
 
@@ -135,7 +135,7 @@ def attn_write_tangent(
         out = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + attn.b_O
         return block.ln1_post(out) if block.cfg.use_normalization_before_and_after else out
 
-    _, out = jvp(write, (z,), (tangent.to(z.dtype).reshape(z.shape[2:]).expand_as(z).contiguous(),))
+    out = jvp(write, (z,), (tangent.to(z.dtype).reshape(z.shape[2:]).expand_as(z).contiguous(),))[1]
     return out
 
 
@@ -167,10 +167,10 @@ def value_direction(
             block = model.blocks[k]
             if kind == "attn":
                 x_in = stream[k]
-                _, out = jvp(lambda x, b=block: attn_update(b, x), (x_in,), (tangent,))
+                out = jvp(lambda x, b=block: attn_update(b, x), (x_in,), (tangent,))[1]
             else:
                 x_in = mlp_input(block, stream[k])
-                _, out = jvp(lambda x, b=block: mlp_update(b, x), (x_in,), (tangent,))
+                out = jvp(lambda x, b=block: mlp_update(b, x), (x_in,), (tangent,))[1]
             total = total + mean(out)
         return total
     if method != "full":
@@ -178,9 +178,9 @@ def value_direction(
     if name == "hook_resid_mid":  # finish block `layer` from its resid_mid: x_mid + R_M(x_mid)
         block = model.blocks[layer]
         x_mid = stream[layer] + attn_update(block, stream[layer])
-        _, tangent = jvp(lambda x: x + mlp_update(block, x), (x_mid,), (tangent,))
+        tangent = jvp(lambda x: x + mlp_update(block, x), (x_mid,), (tangent,))[1]
     for k in range(start_attn, model.cfg.n_layers):
-        _, tangent = jvp(model.blocks[k], (stream[k],), (tangent,))
+        tangent = jvp(model.blocks[k], (stream[k],), (tangent,))[1]
     return mean(tangent)
 
 
@@ -190,11 +190,11 @@ def key_gradient(
     """``ḡ = N_lᵀ k``: cotangent ``k`` at every valid position of the read hook, pulled back block by block to the
     token embeddings and summed over positions, divided by |T|."""
     layer, read = _read_function(model, read_hook)
-    out, pull = vjp(read, stream[layer])
+    out, pull = vjp(read, stream[layer])[:2]
     cot = key.expand_as(out.flatten(2) if out.ndim == 4 else out) * mask[..., None]
     (cot,) = pull(cot.reshape(out.shape))
     for k in reversed(range(layer)):
-        _, pull = vjp(model.blocks[k], stream[k])
+        pull = vjp(model.blocks[k], stream[k])[1]
         (cot,) = pull(cot)
     return cot.sum((0, 1)) / mask.sum()  # ∂resid_pre_0/∂embed = I (positions are added, or rotary)
 
@@ -229,8 +229,9 @@ def query_lens_reference(
             v = view.values[index].to(model.cfg.dtype)
             if view.value_source is not None:  # post-norm block: a unit activation change at the source hook
                 layer = hook_layer(view.write_hook)
+                assert layer is not None  # post-norm writes are block hooks
                 if view.value_source.endswith("attn.hook_z"):  # hook_z SAE: its head-space decoder row
-                    row = view.source_rows[index].to(model.cfg.device)
+                    row = view.source_rows[index].to(model.cfg.device)  # type: ignore[index]
                     v = attn_write_tangent(model, stream, layer, row)  # per token
                 else:  # FF-KV: e_i / act_scale_i at mlp.hook_post
                     tangent = torch.zeros(view.d_sae, device=model.cfg.device, dtype=model.cfg.dtype)

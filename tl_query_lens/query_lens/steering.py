@@ -8,7 +8,7 @@ and resume from it (``start_at_layer``); generation uses TransformerLens' key–
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -32,7 +32,7 @@ def clamp_hooks(
     view: KeyValueView,
     features: Int[torch.Tensor, " batch"],
     alphas: Float[torch.Tensor, " batch"],
-) -> list[tuple[str, object]]:
+) -> list[tuple[str, Callable]]:
     """Forward hooks that clamp, in batch row b, feature ``features[b]`` to ``alphas[b]`` on every position.
 
     The write-hook activation becomes y + (α − a_i(x))·v_i, so the dictionary's error term is kept and every other

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -21,6 +21,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError
+from tl_query_lens.operators import EngineConfig
 from tl_query_lens.query_lens.evaluation import EvaluationConfig, SignatureEvaluation, evaluate_signatures
 from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
@@ -49,7 +50,8 @@ class Table1Config(EvaluationConfig):
         exclude_first_positions: leading positions of every evaluation sequence left out of the max-activating
             search and the active counts (1 for residual SAEs trained without position 0, e.g. the tlql-saes suite).
         methods: signature methods scored (names of :data:`SIGNATURE_METHODS`).
-        skip_positions / chunk / cache_dir: the Query Lens engine's options (operators kept in ``cache_dir``).
+        engine: the operator engine's options (:class:`~tl_query_lens.operators.config.EngineConfig`; operators are
+            kept in its cache_dir). Keyword overrides of :func:`evaluate_table1` reach its fields (``chunk=16``).
         up_key: also score the authors' SwiGLU key (up-projection column at ``hook_resid_mid``) as LL_KEY_UP /
             QL_KEY_UP beside LL_KEY / QL_KEY.
     """
@@ -60,9 +62,7 @@ class Table1Config(EvaluationConfig):
     feature_selection: Literal["auto", "uniform", "active"] = "auto"
     exclude_first_positions: int = 0
     methods: tuple[str, ...] = tuple(SIGNATURE_METHODS)
-    skip_positions: int = 0
-    chunk: int = 64
-    cache_dir: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
     up_key: bool = False
 
     def __post_init__(self) -> None:
@@ -132,9 +132,7 @@ def evaluate_table1(
     for label, dictionary in dictionaries.items():
         chosen[label], selection[str(label)] = select_features(dictionary, contexts[label], cfg, gen, label=label)
     seconds = {"contexts_s": time.perf_counter() - start}
-    lens = QueryLens(
-        model, operator_tokens, skip_positions=cfg.skip_positions, chunk=cfg.chunk, cache_dir=cfg.cache_dir
-    )
+    lens = QueryLens(model, operator_tokens, engine=cfg.engine)
     sides = {SIGNATURE_METHODS[m] for m in cfg.methods}
     lens.precompute(
         list(dictionaries.values()) + list(up_views.values()),

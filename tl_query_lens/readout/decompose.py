@@ -245,7 +245,7 @@ def decompose_rows(
     }
     if single:  # one state: no state axis
         per_state = {name: value[0] for name, value in per_state.items()}
-    result = Decomposition(**per_state, beta=beta, alpha_sum=alpha_sum)
+    result = Decomposition(**per_state, beta=beta, alpha_sum=alpha_sum)  # type: ignore[arg-type]
     check_outputs(result, "decompose", hint="The LM-head rows hold NaN/inf.")
     if single:
         labels = feature_labels(sae, [i for i, _ in result.top(n_top)], n=n_label, tokenizer=tokenizer)
@@ -313,8 +313,8 @@ def margin(positive: int | Sequence[int], negative: int | Sequence[int], d_vocab
 
 def group_mean(tokens: Sequence[int], d_vocab: int) -> torch.Tensor:
     """α = 1/|G| on a token group: the group's mean logit."""
-    tokens = torch.as_tensor(tokens).reshape(-1)
-    return _one_hot(tokens, d_vocab, 1.0 / tokens.numel())
+    ids = torch.as_tensor(tokens).reshape(-1)
+    return _one_hot(ids, d_vocab, 1.0 / ids.numel())
 
 
 def vocab_mean_contrast(token: int, d_vocab: int) -> torch.Tensor:

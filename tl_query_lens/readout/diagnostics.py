@@ -129,7 +129,10 @@ def evaluate_reconstruction(
     mu = rows.mean(0)
     row_ev = 1.0 - ((rows - rows_hat) ** 2).sum().item() / ((rows - mu) ** 2).sum().item()
     mean_row, mean_row_hat = rows.mean(0), rows_hat.mean(0)
-    agree, kls, exact, recon = [], [], {f: [] for f in FAMILIES}, {f: [] for f in FAMILIES}
+    agree: list[torch.Tensor] = []
+    kls: list[torch.Tensor] = []
+    exact: dict[str, list[torch.Tensor]] = {f: [] for f in FAMILIES}
+    recon: dict[str, list[torch.Tensor]] = {f: [] for f in FAMILIES}
     for start in range(0, len(bank), chunk):
         sl = slice(start, start + chunk)
         h = bank.states[sl].to(rows)

@@ -49,7 +49,7 @@ def neuronpedia_features(
             extra.update(
                 key_method=key.method,
                 key_hook=key.hook,
-                key_top_str=key_pos[row],
+                key_top_str=key_pos[row],  # type: ignore[index]
                 key_top_values=key.top_scores[row].tolist(),
             )
         if value.module_shares is not None and value.module_names is not None:

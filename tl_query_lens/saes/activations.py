@@ -124,7 +124,7 @@ def cache_activations(
     }
     write_json(info_file, {**info, "done_seqs": done})
     layers = [hook_layer(h) for h in hooks]
-    stop = None if any(layer is None for layer in layers) else max(layers) + 1  # type: ignore[type-var]
+    stop = None if any(layer is None for layer in layers) else max(layers) + 1  # type: ignore[type-var, operator]
     if stop is not None and stop >= model.cfg.n_layers:
         stop = None
     device = next(model.parameters()).device
@@ -147,4 +147,4 @@ def cache_activations(
                 array.flush()
             write_json(info_file, {**info, "done_seqs": start + batch.shape[0]})
             bar.update(batch.numel())
-    return ActivationCache(out, hooks, n_seqs * seq_len, info["fingerprint"])
+    return ActivationCache(out, hooks, n_seqs * seq_len, str(info["fingerprint"]))

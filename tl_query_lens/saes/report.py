@@ -2,10 +2,11 @@
 
 CE-loss recovered = (CE_zero − CE_splice) / (CE_zero − CE_clean), with CE_zero the loss when the dictionary's
 write hook is zero-ablated (the residual stream at ``blocks.L.hook_resid_post`` for an SAE, the MLP output
-``blocks.L.hook_mlp_out`` for a transcoder). The statistics are those of
-:func:`tl_query_lens.dictionaries.splice.splice_metrics` (tests check that both agree on the same dictionary), but
-computed for every dictionary from ONE clean forward pass per batch: the splice and the ablation restart the model at
-block L+1 (``start_at_layer``) from the edited residual, instead of rerunning the whole model per dictionary.
+``blocks.L.hook_mlp_out`` for a transcoder). The statistics are summed by the same accumulator as
+:func:`tl_query_lens.dictionaries.splice.splice_metrics` (:class:`~tl_query_lens.dictionaries.splice.SpliceStats`),
+but the forward passes differ: every dictionary is measured from ONE clean forward pass per batch, and the splice and
+the ablation restart the model at block L+1 (``start_at_layer``) from the edited residual, instead of rerunning the
+whole model per dictionary (tests check that both give the same figures on the same dictionary).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from sae_lens import SAE, HookedSAETransformer
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from tl_query_lens.dictionaries.splice import _ce_sum
+from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.hooks import check_hook, hook_layer
 from tl_query_lens.presentation import Table
-from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
+from tl_query_lens.primitives import check_first_positions, write_from
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -184,73 +185,35 @@ def suite_quality(
         needed |= {sae.cfg.metadata.hook_name, _write_hook(sae), *_mlp_input_residual(layer, parallel)}
     for hook in needed:
         check_hook(model, hook)
-    stats = {
-        sid: {
-            "fired": torch.zeros(sae.cfg.d_sae, dtype=torch.bool),
-            "l0": 0.0,
-            "sse": 0.0,
-            "y_sum": 0.0,
-            "y_sq": 0.0,
-            "ce_spliced": 0.0,
-            "ce_zero": 0.0,
-            "kl": 0.0,
-        }
-        for sid, sae in saes.items()
-    }
-    ce_clean = 0.0
-    n_tok = 0
+    stats = {sid: SpliceStats(sae.cfg.d_sae) for sid, sae in saes.items()}
     device = next(model.parameters()).device
     keep = torch.arange(tokens.shape[1], device=device) >= exclude_first_positions  # positions that are spliced
     for begin in tqdm(range(0, tokens.shape[0], batch_size), desc="report batches"):
         batch = tokens[begin : begin + batch_size].to(device)
         logits, cache = model.run_with_cache(batch, names_filter=sorted(needed))
-        ce_clean += _ce_sum(logits, batch)
-        logp = logits.log_softmax(-1)
-        n_tok += batch.shape[0] * int(keep.sum())
         for sid, sae in saes.items():
-            s = stats[sid]
             x, y = cache[sae.cfg.metadata.hook_name], cache[_write_hook(sae)]
             acts = sae.encode(x[:, exclude_first_positions:])  # only the spliced positions are encoded
             y_hat = write_from(exclude_first_positions, sae.decode(acts), y)
-            nonzero = acts != 0
-            s["fired"] |= nonzero.reshape(-1, sae.cfg.d_sae).any(0).cpu()
-            s["l0"] += nonzero.sum().item()
-            s["sse"] += (y - y_hat).pow(2).sum().item()
-            y_kept = y[:, keep]
-            s["y_sum"] = s["y_sum"] + y_kept.reshape(-1, y.shape[-1]).double().sum(0)
-            s["y_sq"] += y_kept.double().pow(2).sum().item()
             restart = _layer(sae) + 1
             spliced = model(_residual_after(sae, cache, y_hat, parallel), start_at_layer=restart)
             zeroed = model(_residual_after(sae, cache, torch.zeros_like(y), parallel), start_at_layer=restart)
-            s["ce_spliced"] += _ce_sum(spliced, batch)
-            s["ce_zero"] += _ce_sum(zeroed, batch)
-            logq = spliced.log_softmax(-1)
-            s["kl"] += kl_divergence(logp, logq)[:, keep].sum().item()
-    n_pred = tokens.shape[0] * (tokens.shape[1] - 1)
+            stats[sid].update(batch, keep, acts, y[:, keep], y_hat[:, keep], logits, spliced, zeroed)
     rows = []
     for sid, sae in saes.items():
-        s = stats[sid]
-        sst = s["y_sq"] - (s["y_sum"].pow(2).sum() / n_tok).item()
-        clean, spliced, zero = ce_clean / n_pred, s["ce_spliced"] / n_pred, s["ce_zero"] / n_pred
-        alive = s["fired"].float().mean().item()
+        values = stats[sid].metrics()
         rows.append(
             {
                 "sae_id": sid,
                 "kind": "transcoder" if sae.cfg.metadata.hook_name_out else "sae",
                 "layer": _layer(sae),
                 "d_sae": sae.cfg.d_sae,
-                "mean_l0": s["l0"] / n_tok,
-                "alive_rate": alive,
-                "dead_rate": 1.0 - alive,
-                "explained_variance": 1.0 - s["sse"] / max(sst, 1e-30),
-                "ce_clean": clean,
-                "ce_spliced": spliced,
-                "ce_zero": zero,
-                "ce_recovered": (zero - spliced) / (zero - clean) if zero != clean else float("nan"),
-                "kl": s["kl"] / n_tok,
-                "n_tokens": n_tok,
+                **{column: values[column] for column in COLUMNS[4:] if column != "dead_rate"},
+                "dead_rate": 1.0 - values["alive_rate"],
             }
         )
+        rows[-1] = {column: rows[-1][column] for column in COLUMNS}  # the columns' order
+    n_tok = tokens.shape[0] * int(keep.sum())
     return SuiteQuality(rows=rows, n_tokens=n_tok, seconds=time.perf_counter() - start)
 
 

@@ -22,7 +22,7 @@ import logging
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +35,8 @@ from sae_lens.training.multi_sae_trainer import MultiSAETrainer
 from safetensors import SafetensorError
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.corpus import corpus_fingerprint
+from tl_query_lens.config import resolve_config
+from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
 from tl_query_lens.saes.registry import SAES_RELEASES, sae_id, suite_hooks
@@ -324,7 +325,7 @@ def train_saes(
         IndexError: a layer outside the model. ValueError: a corpus too small for the requested sequences.
         RuntimeError: a checkpoint that cannot be read (its folder is named; nothing is deleted).
     """
-    cfg = replace(cfg or SAESuiteConfig(), **overrides)
+    cfg = resolve_config(SAESuiteConfig, cfg, overrides)
     n_layers = model.cfg.n_layers
     bad = [layer for layer in cfg.layers if not 0 <= layer < n_layers]
     if bad:
@@ -340,8 +341,6 @@ def train_saes(
 
     start = time.perf_counter()
     if tokens is None:
-        from tl_query_lens.corpus import load_corpus
-
         tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed)
     all_hooks = [h for sid in names for h in hooks[sid]]
     # One folder per (tokens, hooks, precision): a rerun with other sizes gets its own cache instead of a refusal.
@@ -470,7 +469,7 @@ def train_saes(
 
 def _build(kind: Kind, cfg: SAESuiteConfig, d_in: int, d_out: int, device: str = "cpu"):
     k = cfg.k if kind == "sae" or cfg.transcoder_k is None else cfg.transcoder_k
-    common = {"d_in": d_in, "d_sae": cfg.d_sae, "k": k, "dtype": "float32", "device": device}
+    common: dict[str, Any] = {"d_in": d_in, "d_sae": cfg.d_sae, "k": k, "dtype": "float32", "device": device}
     if kind == "sae":
         return FastTopKTrainingSAE(TopKTrainingSAEConfig(**common, normalize_activations="expected_average_only_in"))
     return TopKTrainingTranscoder(TopKTrainingTranscoderConfig(**common, d_out=d_out))

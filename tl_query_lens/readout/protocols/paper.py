@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -113,9 +113,10 @@ class PaperReadoutConfig:
         if min(self.n_neighbours, self.kmeans_iters, self.own_kmeans_iters) < 1 or (self.kmeans_k or 1) < 1:
             raise ValueError("n_neighbours, kmeans_k, kmeans_iters and own_kmeans_iters must be ≥ 1.")
         if self.kmeans_widths is not None:
-            self.kmeans_widths = tuple(self.kmeans_widths)
-            if len(self.kmeans_widths) != 2 or min(self.kmeans_widths) < 1:
-                raise ValueError(f"kmeans_widths must be two positive widths (small, full), got {self.kmeans_widths}.")
+            widths = tuple(self.kmeans_widths)
+            if len(widths) != 2 or min(widths) < 1:
+                raise ValueError(f"kmeans_widths must be two positive widths (small, full), got {widths}.")
+            self.kmeans_widths = widths  # type: ignore[assignment]
 
 
 @dataclass
@@ -202,7 +203,7 @@ def _paper_makers(sae: ReadoutSAE, rows: torch.Tensor, cfg: PaperReadoutConfig) 
     k = cfg.kmeans_k or sae.cfg.k
     cache: dict[Any, torch.Tensor] = {}
 
-    def centroids(width: int, dead: str, iters: int) -> torch.Tensor:
+    def centroids(width: int, dead: Literal["keep", "reseed"], iters: int) -> torch.Tensor:
         key = (width, dead, iters)
         if key not in cache:
             cache[key] = bl.spherical_kmeans(x, width, iters=iters, seed=cfg.seed, dead=dead)
@@ -229,7 +230,7 @@ def _paper_makers(sae: ReadoutSAE, rows: torch.Tensor, cfg: PaperReadoutConfig) 
 
         return make
 
-    nn = {"n_neighbours": cfg.n_neighbours}
+    nn: dict[str, Any] = {"n_neighbours": cfg.n_neighbours}
     return {
         "pca256": full_rows("pca256", lambda: bl.pca(rows, rank=256)),
         "hard_assignment": full_rows(
@@ -341,7 +342,7 @@ def readout_diagnostics_paper(
         rho_b[name] = ((exact - rec_n).abs() / exact.abs()).median().item()
         logger.info("%s: coverage %.3f (%.0f s)", name, cov_b[name], time.perf_counter() - start)
     paper_ran = {b: cov_b[b] for b in PAPER_BASELINES if b in cov_b}
-    best = max(paper_ran, key=paper_ran.get) if paper_ran else None
+    best = max(paper_ran, key=lambda name: paper_ran[name]) if paper_ran else None
     coverage = cov_all.mean().item()
     return PaperReadoutDiagnostics(
         coverage=coverage,

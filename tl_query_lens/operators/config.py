@@ -1,0 +1,72 @@
+"""How the operator engine sweeps: one config shared by the engine, :class:`~tl_query_lens.QueryLens` and every method
+that computes operators (docs/design.md §4; docs/architecture.md, "Configs")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tl_query_lens.errors import InputError
+
+#: Dtypes a sweep may run in (``EngineConfig.sweep_dtype``), by name.
+SWEEP_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass
+class EngineConfig:
+    """Options of the transition-operator engine (:mod:`tl_query_lens.operators.engine`).
+
+    The operators themselves depend only on the model, the corpus and ``skip_positions``; the other options decide how
+    they are computed (memory, time, precision) and where they are kept.
+
+    Attributes:
+        skip_positions: leading positions of each sequence left out of the valid tokens T the operators average over.
+        chunk: tangents / cotangents per batched pass (memory grows with chunk x batch x positions x width).
+        batch_size: sequences per forward pass of a sweep.
+        cache_dir: folder where operators are kept, reused and resumed (matched by model, hooks, corpus, dtype and
+            skip); None keeps them in memory only.
+        progress: show a progress bar per sweep.
+        max_memory_gb: choose chunk from this working-memory budget in GiB (None: use chunk as given).
+        sweep_dtype: run the sweeps on a copy of the model in this dtype, e.g. 'bfloat16' (operators still accumulate
+            in float32); None: the model's own dtype. Given as a name or a torch.dtype; kept as its name.
+        sweep_autocast: with sweep_dtype, run the sweeps under torch.autocast on the model itself instead of a copy
+            (matrix products in sweep_dtype, norms and the residual stream in the model's dtype).
+    """
+
+    skip_positions: int = 0
+    chunk: int = 64
+    batch_size: int = 8
+    cache_dir: str | Path | None = None
+    progress: bool = True
+    max_memory_gb: float | None = None
+    sweep_dtype: str | torch.dtype | None = None
+    sweep_autocast: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sweep_dtype, torch.dtype):
+            self.sweep_dtype = str(self.sweep_dtype).replace("torch.", "")
+        if self.sweep_dtype is not None and self.sweep_dtype not in SWEEP_DTYPES:
+            raise InputError(
+                f"sweep_dtype must be one of {[f'torch.{d}' for d in SWEEP_DTYPES]} (or its name) or None, "
+                f"not {self.sweep_dtype!r}."
+            )
+        if self.skip_positions < 0:
+            raise InputError(f"skip_positions must be >= 0, got {self.skip_positions}.")
+        if self.chunk < 1 or self.batch_size < 1:
+            raise InputError(f"chunk and batch_size must be ≥ 1 (got {self.chunk}, {self.batch_size}).")
+        if self.max_memory_gb is not None and self.max_memory_gb <= 0:
+            raise InputError(f"max_memory_gb must be > 0, got {self.max_memory_gb}.")
+        if self.sweep_autocast and self.sweep_dtype is None:
+            raise InputError("sweep_autocast=True needs a sweep_dtype other than the model's, e.g. torch.bfloat16.")
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """``sweep_dtype`` as a ``torch.dtype`` (None: the model's own)."""
+        return None if self.sweep_dtype is None else SWEEP_DTYPES[str(self.sweep_dtype)]
