@@ -80,4 +80,27 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
             )
             if not good:
                 shown = f" (item {item!r})" if items is value else ""
-                raise InputError(f"{name} must be in {interval}, got {value!r}{shown}.")
+                raise InputError(f"{name} must be {describe_interval(interval, item)}, got {value!r}{shown}.")
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)
+
+
+def describe_interval(text: str, value: Any = None) -> str:
+    """``"[1, inf)"`` → ``"≥ 1"``; ``"(0, 1]"`` → ``"in (0, 1]"``; with ``value``, the bound it breaks first
+    (``"≤ 4096 (range [1, 4096])"``)."""
+    lo, hi, lo_in, hi_in = parse_interval(text)
+    low = f"{'≥' if lo_in else '>'} {_number(lo)}"
+    high = f"{'≤' if hi_in else '<'} {_number(hi)}"
+    if math.isinf(lo) and math.isinf(hi):
+        return "a finite number"
+    if math.isinf(hi):
+        return low
+    if math.isinf(lo):
+        return high
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        if not (lo < value or (lo_in and value == lo)):
+            return f"{low} (range {text})"
+        return f"{high} (range {text})"
+    return f"in {text}"

@@ -6,7 +6,6 @@ without loading it; other models are checked again by the methods once loaded.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.corpus import read_documents
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.models import _ALIASES, EMBEDDED_MODELS, smollm2_config
+from tl_query_lens.paths import check_folder
 
 
 @dataclass(frozen=True)
@@ -27,23 +27,6 @@ class ModelDims:
     d_mlp: int
     d_vocab: int
     n_ctx: int
-
-
-def check_folder(path: str | Path, what: str = "--out") -> Path:
-    """A folder that can be created and written: not a file, under a writable existing ancestor."""
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
-    ancestor = folder
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise InputError(f"{what} {folder} cannot be created: {ancestor} is a file. Choose another path.")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(
-            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. Choose a writable folder."
-        )
-    return folder
 
 
 def check_corpus(source: str, what: str = "--corpus") -> None:
