@@ -66,12 +66,15 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
     """
     from tl_query_lens.errors import InputError
 
+    integral = _integer_fields(type(cfg))
     for name, interval in (type(cfg).RANGES if ranges is None else ranges).items():
         value = getattr(cfg, name)
         if value is None:
             continue
         items = value if isinstance(value, (tuple, list)) else [value]
         for item in items:
+            if name in integral and not (isinstance(item, numbers.Integral) and not isinstance(item, bool)):
+                raise InputError(f"{name} must be an integer, got {value!r}; round it deliberately.")
             good = (
                 isinstance(item, numbers.Real)
                 and not isinstance(item, bool)
@@ -83,7 +86,28 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
                 raise InputError(f"{name} must be {describe_interval(interval, item)}, got {value!r}{shown}.")
 
 
+@cache
+def _integer_fields(cls: type) -> frozenset[str]:
+    """Fields of ``cls`` typed ``int``, ``int | None`` or a tuple / list of ints."""
+    import typing
+
+    names = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kinds = {hints[f.name]}
+        while True:  # unwrap X | None, tuple[X, ...], list[X]
+            inner = {a for k in kinds for a in typing.get_args(k) if a is not type(None) and a is not Ellipsis}
+            if not inner:
+                break
+            kinds = inner
+        if kinds == {int}:
+            names.add(f.name)
+    return frozenset(names)
+
+
 def _number(x: float) -> str:
+    if not math.isfinite(x):
+        return str(x)
     return str(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import check_ranges
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/saes_compare", "layers": "6,12,18,24", "n_seqs": 32, "seq_len": 64}
@@ -32,6 +34,11 @@ class CompareOptions:
     dictionaries: tuple[str, ...] = ()
     k: int | None = None
     absorption: bool = True
+
+    RANGES: ClassVar[dict[str, str]] = {"k": "[1, inf)"}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def add_parser(subparsers) -> None:
