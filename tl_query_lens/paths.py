@@ -198,29 +198,32 @@ def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
 
 
 def check_folder(path: str | Path, what: str = "--out") -> Path:
-    """A folder that can be created and written: not a file, each new component a name the file system takes, under
+    """A folder that can be created and written: not a file, each component a name the file system takes, under
     an existing ancestor this user can write (checked before any work, so nothing computed is lost to it)."""
     folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
-    ancestor = folder
-    while not ancestor.exists() and not ancestor.is_symlink():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise InputError(f"{what} {folder} cannot be created: {ancestor} is not a folder. Choose another path.")
-    for part in folder.relative_to(ancestor).parts if folder != ancestor else ():
+    for part in folder.parts:
         if len(part.encode("utf-8")) > 255:
             raise InputError(
-                f"{what}: the folder name {part[:40]!r}… is {len(part.encode('utf-8'))} bytes; file systems allow "
-                "255. Choose a shorter name."
+                f"{what}: the name {part[:40]!r}… is {len(part.encode('utf-8'))} bytes; file systems allow 255. "
+                "Choose a shorter name."
             )
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(
-            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. Choose a writable folder."
-        )
-    resolved = ancestor.resolve()
-    if resolved.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")):
-        raise InputError(
-            f"{what} {folder} is under {'/'.join(resolved.parts[:2])[1:]}, which holds no files; choose another folder."
-        )
+    if "\x00" in str(folder):
+        raise InputError(f"{what} {str(folder)!r} contains a NUL character; choose another path.")
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
+        ancestor = folder
+        while not ancestor.exists() and not ancestor.is_symlink():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise InputError(f"{what} {folder} cannot be created: {ancestor} is not a folder. Choose another path.")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise InputError(
+                f"{what} {folder} cannot be written: {ancestor} is read-only for this user. Choose a writable folder."
+            )
+        top = ancestor.resolve().parts[:2]
+    except OSError as err:
+        raise InputError(f"{what} {folder}: {err.strerror or err}; choose another path.") from None
+    if top in (("/", "proc"), ("/", "sys")):
+        raise InputError(f"{what} {folder} is under /{top[1]}, which holds no files of ours; choose another folder.")
     return folder
