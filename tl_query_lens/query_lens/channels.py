@@ -469,9 +469,10 @@ def _pair_summary(ol, names, dests, modules, cfg: ChannelConfig, rank: int, d: i
     labels = torch.tensor(same, dtype=torch.bool)
     scores = torch.tensor([ol[i, j].item() for i, j in pairs], dtype=torch.float64)
     if labels.all() or not labels.any():
-        raise ValueError(
+        raise InputError(
             f"destination={cfg.destination!r} gives no {'different' if labels.all() else 'same'}-destination pairs "
-            "for these channels; with one source layer use destination='layer'."
+            "for these channels; use "
+            + ("destination='module' or earlier source layers." if labels.all() else "more source layers.")
         )
     return {
         "ol_same": scores[labels].mean().item(),
