@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tl_query_lens import FFKV
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.dictionaries.absorption import AbsorptionConfig
@@ -88,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
         bool(options.release) and not in_release
     )
     sources = [parse_source(spec, "--dictionaries") for spec in options.dictionaries]  # bad specs refused here
+    limits = {"--k": (options.k, "d_mlp"), "--control-k": (cfg.control_k, "d_mlp")}
+    check_limits(dims, limits, run_cfg.model)
     model = load_model(run_cfg)
     layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
+    check_limits(dims_of(model), limits, run_cfg.model)
     tokens = load_tokens(run_cfg, model, "evaluation")
     trained = {}
     for spec in in_release + sources:
