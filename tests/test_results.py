@@ -31,7 +31,7 @@ from tl_query_lens.readout.evaluate import ReadoutReport
 from tl_query_lens.readout.fit import ReadoutFit
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank
-from tl_query_lens.results import SavableResult, write_json
+from tl_query_lens.results import SavableResult, read_json, write_json
 from tl_query_lens.saes.release import ReleaseFidelity
 from tl_query_lens.saes.report import SuiteQuality
 from tl_query_lens.saes.train import SAESuiteResult
@@ -162,14 +162,41 @@ def test_every_result_round_trips(cls, tmp_path):
     assert not same(result, make(cls, [1]))  # the comparison can fail: other specials in other places
 
 
-def test_nan_and_inf_are_floats_on_disk(tmp_path):
+def strict_json(text: str):
+    """Parse as a strict reader (JavaScript's JSON.parse) does: the tokens NaN / Infinity are refused."""
+
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_inf_are_standard_json_and_come_back_as_floats(tmp_path):
     path = write_json(tmp_path / "x.json", {"nan": float("nan"), "inf": float("inf"), "neg": [-float("inf")]})
-    back = json.loads(path.read_text())
+    strict = strict_json(path.read_text())
+    assert strict == {"nan": {"__float__": "nan"}, "inf": {"__float__": "inf"}, "neg": [{"__float__": "-inf"}]}
+    back = read_json(path)
     assert math.isnan(back["nan"]) and back["inf"] == math.inf and back["neg"] == [-math.inf]
     cert = make(Certificate)
     cert.N_star = float("inf")
     cert.save(tmp_path / "c")
+    for file in (tmp_path / "c").rglob("*.json"):
+        strict_json(file.read_text())
     assert Certificate.load(tmp_path / "c").summary()["N_star"] == math.inf
+
+
+@pytest.mark.parametrize("cls", RESULT_CLASSES, ids=lambda c: c.__name__)
+def test_every_result_writes_standard_json(cls, tmp_path):
+    result = make(cls)
+    for name, value in vars(result).items():  # put a NaN and an infinity wherever a float field is
+        if isinstance(value, float):
+            setattr(result, name, float("inf") if len(name) % 2 else float("nan"))
+    result.save(tmp_path / "r")
+    files = list((tmp_path / "r").rglob("*.json"))
+    assert files
+    for file in files:
+        strict_json(file.read_text())
+    assert same(result, cls.load(tmp_path / "r"))
 
 
 def test_loading_checks_the_type(tmp_path):

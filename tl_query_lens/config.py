@@ -4,11 +4,23 @@ Every API function takes ``cfg: XConfig | None = None, **overrides``; :func:`res
 (defaults, then ``cfg``, then keyword overrides) and names the valid options when a keyword is unknown. A config may
 nest another (``Table1Config.engine`` is an :class:`~tl_query_lens.operators.config.EngineConfig`): a keyword that
 names a field of the nested config (``chunk=16``) replaces that field of it.
+
+Every numeric field has a range, written in interval notation in the class's ``RANGES`` (``{"k": "[1, inf)",
+"lr": "(0, inf)", "train_frac": "(0, 1)"}``); ``__post_init__`` calls :func:`check_ranges`, which refuses a value
+outside its range (and a bool or a non-finite float) with an :class:`~tl_query_lens.errors.InputError` naming the
+field, the value and the range. ``None`` passes (it means "the default" wherever a field allows it); tuples and lists
+of numbers are checked item by item. ``tests/test_config_ranges.py`` checks that every numeric field of every config
+the command line builds has a range and that values outside it are refused. Cross-field rules (``k <= d_sae``) stay
+in ``__post_init__``. This module imports nothing heavy: configs are built before torch is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import re
+from functools import cache
 from typing import Any, TypeVar
 
 from tl_query_lens.errors import InputError, InputTypeError
@@ -59,3 +71,93 @@ def resolve_config(cls: type[C], cfg: C | None = None, overrides: dict[str, Any]
         raise InputTypeError(str(err)) from err
     except ValueError as err:
         raise InputError(str(err)) from err
+
+
+_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
+
+
+@cache
+def parse_interval(text: str) -> tuple[float, float, bool, bool]:
+    """``"[1, inf)"`` → ``(1.0, inf, True, False)``: lower, upper, whether each end is included."""
+    match = _INTERVAL.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not an interval such as '[1, inf)' or '(0, 1]'.")
+    lo, hi = float(match[2]), float(match[3])
+    return lo, hi, match[1] == "[", match[4] == "]"
+
+
+def in_interval(value: float, text: str) -> bool:
+    """Whether the finite number ``value`` lies in the interval ``text``."""
+    lo, hi, lo_in, hi_in = parse_interval(text)
+    return (lo < value or (lo_in and value == lo)) and (value < hi or (hi_in and value == hi))
+
+
+def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
+    """Refuse any field of ``cfg`` outside its interval in ``ranges`` (default ``type(cfg).RANGES``).
+
+    Raises:
+        InputError: ``<field> must be in <interval>, got <value>`` (the command line writes the field as its option),
+            also for booleans and non-finite floats where a number is expected.
+    """
+    integral = _integer_fields(type(cfg))
+    for name, interval in (type(cfg).RANGES if ranges is None else ranges).items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        items = value if isinstance(value, (tuple, list)) else [value]
+        for item in items:
+            if name in integral and not (isinstance(item, numbers.Integral) and not isinstance(item, bool)):
+                raise InputError(f"{name} must be an integer, got {value!r}; round it deliberately.")
+            good = (
+                isinstance(item, numbers.Real)
+                and not isinstance(item, bool)
+                and math.isfinite(item)
+                and in_interval(item, interval)
+            )
+            if not good:
+                shown = f" (item {item!r})" if items is value else ""
+                raise InputError(f"{name} must be {describe_interval(interval, item)}, got {value!r}{shown}.")
+
+
+@cache
+def _integer_fields(cls: type) -> frozenset[str]:
+    """Fields of ``cls`` typed ``int``, ``int | None`` or a tuple / list of ints."""
+    import typing
+
+    names = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kinds = {hints[f.name]}
+        while True:  # unwrap X | None, tuple[X, ...], list[X]
+            inner = {a for k in kinds for a in typing.get_args(k) if a is not type(None) and a is not Ellipsis}
+            if not inner:
+                break
+            kinds = inner
+        if kinds == {int}:
+            names.add(f.name)
+    return frozenset(names)
+
+
+def _number(x: float) -> str:
+    if not math.isfinite(x):
+        return str(x)
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)
+
+
+def describe_interval(text: str, value: Any = None) -> str:
+    """``"[1, inf)"`` → ``"≥ 1"``; ``"(0, 1]"`` → ``"in (0, 1]"``; with ``value``, the bound it breaks first
+    (``"≤ 4096 (range [1, 4096])"``)."""
+    lo, hi, lo_in, hi_in = parse_interval(text)
+    low = f"{'≥' if lo_in else '>'} {_number(lo)}"
+    high = f"{'≤' if hi_in else '<'} {_number(hi)}"
+    if math.isinf(lo) and math.isinf(hi):
+        return "a finite number"
+    if math.isinf(hi):
+        return low
+    if math.isinf(lo):
+        return high
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        if not (lo < value or (lo_in and value == lo)):
+            return f"{low} (range {text})"
+        return f"{high} (range {text})"
+    return f"in {text}"

@@ -156,6 +156,9 @@ def stdlib_texts() -> tuple[str, ...]:
     return tuple(docs)
 
 
+MAX_FILE_BYTES = 4 * 1024**3  # a corpus file larger than this is a mistake (or /dev/zero), not a corpus
+
+
 def _read_local(path: Path) -> list[str]:
     if path.is_dir():
         files = sorted(path.glob("*.txt")) + sorted(path.glob("*.jsonl"))
@@ -164,8 +167,20 @@ def _read_local(path: Path) -> list[str]:
                 f"The corpus folder {path} holds no .txt or .jsonl files; put documents there or pass a file."
             )
         return [doc for p in files for doc in _read_local(p)]
+    if not path.is_file():  # a FIFO would block, a device (/dev/zero) never ends
+        raise InputError(
+            f"The corpus {path} is not a regular file (a pipe, socket or device); save the documents to a .txt or "
+            ".jsonl file and pass that."
+        )
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise InputError(
+                f"The corpus file {path} is larger than {MAX_FILE_BYTES / 1024**3:.0f} GiB; split it into several "
+                "files in a folder, or sample it."
+            )
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CorruptFileError(path, f"is not UTF-8 text (byte {err.start})", "Convert it to UTF-8.") from err
     if path.suffix == ".jsonl":
@@ -189,7 +204,10 @@ def _read_jsonl(path: Path, text: str) -> list[str]:
             ) from err
         if not isinstance(record, dict) or "text" not in record:
             raise CorruptFileError(f"{path}:{n}", f"line {n} has no 'text' field", fix)
-        docs.append(str(record["text"]))
+        if not isinstance(record["text"], str):
+            kind = "null" if record["text"] is None else type(record["text"]).__name__
+            raise CorruptFileError(f"{path}:{n}", f"line {n} has a 'text' that is {kind}, not a string", fix)
+        docs.append(record["text"])
     return docs
 
 
@@ -214,7 +232,14 @@ def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_do
     """Documents of a corpus source: ``"embedded"``, ``"stdlib"``, a local .txt/.jsonl file or folder, an HF dataset
     name, or texts."""
     if not isinstance(source, (str, Path)):
-        return [str(t) for t in source]
+        texts = list(source)
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise InputError(
+                f"Corpus text {bad} is a {type(texts[bad]).__name__} ({texts[bad]!r:.40}), not a string; pass "
+                "strings only (a None or a number would become the document 'None' or '12345')."
+            )
+        return texts
     if str(source) == "embedded":
         return list(stdlib_docstrings())
     if str(source) == "stdlib":

@@ -6,14 +6,14 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from sae_lens import SAE
 
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.splice import ffkv_summary
@@ -90,6 +90,23 @@ class DemoConfig:
             "n_eval": 96,
         }
         return cls(**{**base, **overrides})
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "ffkv_layers": "[0, inf)",
+        "ql_layer": "[0, inf)",
+        "n_features": "[1, inf)",
+        "operator_seqs": "[1, inf)",
+        "seq_len": "[2, inf)",
+        "splice_seqs": "[1, inf)",
+        "cert_layer": "[0, inf)",
+        "k": "[1, inf)",
+        "n_cal": "[1, inf)",
+        "n_eval": "[1, inf)",
+        "seed": "[0, 4294967295]",
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass

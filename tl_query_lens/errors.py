@@ -8,10 +8,13 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import numbers
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is checked, so the command line parses without it
+    import torch
 
 
 class InputError(ValueError):
@@ -67,8 +70,79 @@ class NonFiniteError(InputError):
     """NaN or inf in a dictionary's weights, a model's activations or a method's outputs."""
 
 
+class WriteError(InputError, OSError):
+    """A result, cache or checkpoint that could not be written (disk full, read-only, name too long); the message
+    names the path and the fix. Nothing half-written is left behind and parts already written are kept."""
+
+
+class LockedError(InputError):
+    """An output folder another running process is writing to."""
+
+
+_WRITE_FIXES = {
+    errno.ENOSPC: "the disk is full: free space there or choose another folder",
+    errno.EDQUOT: "the disk quota is exhausted: free space there or choose another folder",
+    errno.EROFS: "the file system is read-only: choose a writable folder",
+    errno.EACCES: "permission denied: choose a folder you can write",
+    errno.EPERM: "permission denied: choose a folder you can write",
+    errno.ENAMETOOLONG: "the name is too long for the file system: choose a shorter path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
+    errno.EISDIR: "a folder stands where the file should be written: remove it or choose another path",
+}
+
+
+def write_error(path: str | Path, err: OSError) -> WriteError:
+    """A :class:`WriteError` for ``err`` raised while writing ``path``, naming the path and the fix."""
+    fix = _WRITE_FIXES.get(err.errno or 0, f"{err.strerror or err}: check the folder and rerun")
+    return WriteError(err.errno or 0, f"Could not write {path}: {fix}. Results finished before it were kept.")
+
+
+def check_ids(ids: Any, upper: int | None, what: str = "feature ids") -> list[int]:
+    """Integer ids in ``0..upper-1``: a list, tuple, range or integer tensor / array of them.
+
+    Floats (``1.9`` is not silently id 1) and boolean masks (not ids 0/1) are refused, as are ids out of range.
+
+    Raises:
+        InputTypeError: not integers (floats, booleans, strings).
+        OutOfRangeError: an id below 0 or at/above ``upper``.
+    """
+    dtype = getattr(ids, "dtype", None)
+    if dtype is not None:  # a tensor or array: decide by its dtype, not by its values
+        kind = str(dtype).replace("torch.", "")
+        if kind == "bool":
+            raise InputTypeError(
+                f"{what}: a boolean mask is not a list of ids; pass mask.nonzero().flatten() (the ids where it is "
+                "True) instead."
+            )
+        if not kind.startswith(("int", "uint")):
+            raise InputTypeError(f"{what} must be integers, got a {kind} tensor; round or cast them deliberately.")
+        ids = ids.reshape(-1).tolist()
+    elif isinstance(ids, numbers.Integral) and not isinstance(ids, bool):
+        ids = [ids]
+    values = list(ids)
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+    if bad:
+        raise InputTypeError(
+            f"{what} must be integers; got {bad[:5]!r}"
+            + (
+                " (booleans: pass the ids, not a mask)"
+                if any(isinstance(v, bool) for v in bad)
+                else " (round or cast them deliberately)"
+            )
+            + "."
+        )
+    values = [int(v) for v in values]
+    out = [v for v in values if v < 0 or (upper is not None and v >= upper)]
+    if out:
+        valid = f"0..{upper - 1}" if upper is not None else "≥ 0"
+        raise OutOfRangeError(f"{what} {out[:10]} out of range; valid: {valid}.")
+    return values
+
+
 def count_non_finite(tensor: torch.Tensor) -> int:
     """Number of NaN / inf entries of a floating tensor (0 for integer and boolean tensors)."""
+    import torch
+
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.device.type == "meta":
         return 0  # integer/boolean tensors cannot hold NaN; values on the meta device are unknown
     return int((~torch.isfinite(tensor)).sum())
@@ -94,8 +168,20 @@ def dictionary_name(dictionary: Any) -> str:
     return f"{type(dictionary).__name__} at {where}"
 
 
+def dictionary_tensors(dictionary: Any) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of a dictionary module by name (thresholds, scales, norms and all)."""
+    named = {}
+    for method in ("named_parameters", "named_buffers"):
+        if callable(getattr(dictionary, method, None)):
+            named.update({name: t for name, t in getattr(dictionary, method)() if t is not None})
+    return named
+
+
 def check_dictionary_finite(dictionary: Any, tensors: dict[str, torch.Tensor]) -> None:
-    """Raise :class:`NonFiniteError` naming the dictionary and the first tensor that holds NaN/inf."""
+    """Raise :class:`NonFiniteError` naming the dictionary and the first tensor that holds NaN/inf: first the
+    ``tensors`` named, then every other parameter and buffer of ``dictionary`` (e.g. a JumpReLU ``threshold``, an
+    FF-KV's ``act_scale`` or ``post_norm_w``)."""
+    tensors = {**tensors, **{n: t for n, t in dictionary_tensors(dictionary).items() if n not in tensors}}
     for name, tensor in tensors.items():
         bad = count_non_finite(tensor)
         if bad:
@@ -121,6 +207,8 @@ def check_outputs(
     Returns:
         ``result`` unchanged.
     """
+    import torch
+
     bad_fields = []
     for field in dataclasses.fields(result):
         if field.name in skip:
@@ -140,6 +228,8 @@ def check_outputs(
 
 
 def _floats(value: Any) -> torch.Tensor | None:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().double().reshape(-1) if value.is_floating_point() else None
     if isinstance(value, bool):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -217,3 +219,40 @@ def copy_model(
             clone.load_state_dict(model.state_dict(), strict=True)  # copy_ casts device and dtype
     clone.train(model.training)
     return clone
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@torch.no_grad()
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of every parameter and buffer of ``model`` (names, shapes, dtypes and values), and the class of
+    device it lives on: two models that share a name (every model built from a ``HookedTransformerConfig`` is
+    "custom"; a fine-tuned checkpoint keeps its base model's name) get different operator cache keys.
+
+    The values enter through two float64 reductions per tensor, computed where the tensor lives (its sum, and its
+    dot product with a fixed non-periodic weight vector), rounded to 9 significant digits so that the order of a
+    parallel reduction does not change the hash; changing any single weight changes the second reduction. The
+    result is remembered until a parameter is replaced or modified in place (tensor version counters).
+    """
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    state = tuple((name, t.data_ptr(), t._version) for name, t in tensors)
+    cached = _FINGERPRINTS.get(model)
+    if cached is not None and cached[0] == state:
+        return cached[1]
+    digest = hashlib.sha256()
+    devices = sorted({t.device.type for _, t in tensors})
+    digest.update(repr(devices).encode())
+    for name, t in tensors:
+        digest.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        if t.numel() == 0 or t.device.type == "meta":
+            continue
+        flat = t.detach().reshape(-1)
+        flat = flat.double() if (flat.is_floating_point() or flat.is_complex()) else flat.to(torch.float64)
+        weights = torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.float64).mul_(0.6180339887498949)
+        weights = weights.frac_().add_(0.5)
+        sums = torch.stack([flat.sum(), (flat * weights).sum()]).tolist()
+        digest.update(" ".join(f"{v:.9g}" for v in sums).encode())
+    fingerprint = digest.hexdigest()[:16]
+    _FINGERPRINTS[model] = (state, fingerprint)
+    return fingerprint

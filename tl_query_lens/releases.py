@@ -198,8 +198,12 @@ class LocalReleases:
         return cache_dir() / self.cache_subdir
 
     def cached_path(self, model_name: str, sae_id: str) -> Path:
-        """``<cache>/<cache_subdir>/<release>/<sae_id>``."""
-        return self.root() / self.release_name(model_name) / sae_id
+        """``<cache>/<cache_subdir>/<release>/<sae_id>`` (both plain names: nothing is read or written outside the
+        cache)."""
+        from tl_query_lens.paths import plain_name
+
+        release = plain_name(self.release_name(model_name), "model name")
+        return self.root() / release / plain_name(sae_id, "sae_id")
 
     def cached_ids(self, model_name: str) -> list[str]:
         """Ids of ``model_name``'s dictionaries in the user cache (folders holding a ``cfg.json``)."""

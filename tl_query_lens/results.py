@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
+import math
 import types
 import typing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,13 @@ from safetensors.torch import load_file, save_file
 from typing_extensions import Self
 
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.paths import atomic_write, atomic_write_with, inside, result_name, result_names
 from tl_query_lens.presentation import Presents
+
+# JSON has no NaN or infinities (JavaScript's JSON.parse and other strict readers refuse the tokens NaN / Infinity);
+# they are written as {"__float__": "nan" | "inf" | "-inf"} and read back as floats by loads_json / read_json.
+FLOAT_KEY = "__float__"
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def _jsonable(value: Any) -> Any:
@@ -34,37 +40,47 @@ def _jsonable(value: Any) -> Any:
         return _jsonable(value.tolist())
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
         return _jsonable(value.item())
-    return value  # floats incl. NaN/inf: written as NaN / Infinity, which json.loads reads back as floats
+    if isinstance(value, float) and not math.isfinite(value):
+        return {FLOAT_KEY: "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    return value
+
+
+def _decode_float(record: dict[str, Any]) -> Any:
+    if len(record) == 1 and record.get(FLOAT_KEY) in _NON_FINITE:
+        return _NON_FINITE[record[FLOAT_KEY]]
+    return record
+
+
+def dumps_json(data: Any, **kwargs: Any) -> str:
+    """Standard JSON of ``data`` (dataclasses, tensors, paths, numpy scalars converted; NaN / ±inf as
+    ``{"__float__": "nan" | "inf" | "-inf"}``, so strict parsers read it and :func:`loads_json` restores them)."""
+    return json.dumps(_jsonable(data), allow_nan=False, **kwargs)
+
+
+def loads_json(text: str) -> Any:
+    """Parse JSON written by :func:`dumps_json` (non-finite floats restored exactly; the bare tokens NaN / Infinity
+    of files written before are read too)."""
+    return json.loads(text, object_hook=_decode_float)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename (no ``.tmp`` is left on
+    failure; ``OSError`` becomes :class:`~tl_query_lens.errors.WriteError` naming the path and the fix)."""
+    with atomic_write(path) as handle:
         handle.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by others
-    os.replace(tmp, path)
-    return path
+    return Path(path)
 
 
 def write_json(path: str | Path, data: Any) -> Path:
-    """Atomically write JSON (tensors as lists; NaN/±inf as the tokens NaN/Infinity that ``json.loads`` reads back)."""
-    return atomic_write_text(path, json.dumps(_jsonable(data), indent=2))
+    """Atomically write standard JSON (see :func:`dumps_json`)."""
+    return atomic_write_text(path, dumps_json(data, indent=2))
 
 
 def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any] | None = None) -> Path:
     """Atomically write a safetensors file; metadata values are stored as JSON strings."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    meta = {k: json.dumps(_jsonable(v)) for k, v in (metadata or {}).items()}
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    meta = {k: dumps_json(v) for k, v in (metadata or {}).items()}
+    cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    return atomic_write_with(path, lambda tmp: save_file(cpu, tmp, metadata=meta))
 
 
 RERUN_FIX = "Delete it and rerun the command that wrote it."
@@ -81,7 +97,7 @@ def read_tensors(path: str | Path, *, fix: str = RERUN_FIX) -> tuple[dict[str, t
         raise CorruptFileError(path, "is missing", fix)
     try:
         with safe_open(str(path), framework="pt") as handle:
-            meta = {k: json.loads(v) for k, v in (handle.metadata() or {}).items()}
+            meta = {k: loads_json(v) for k, v in (handle.metadata() or {}).items()}
         return load_file(str(path)), meta
     except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError) as err:
         raise CorruptFileError(path, f"is not a readable safetensors file ({_first_line(err)})", fix) from err
@@ -93,7 +109,7 @@ def read_json(path: str | Path, *, fix: str = RERUN_FIX) -> Any:
     if not path.is_file():
         raise CorruptFileError(path, "is missing", fix)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_json(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CorruptFileError(path, f"is not valid JSON ({_first_line(err)})", fix) from err
 
@@ -101,11 +117,6 @@ def read_json(path: str | Path, *, fix: str = RERUN_FIX) -> Any:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
-def _slug(key: Any) -> str:
-    text = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(key))
-    return text or "_"
 
 
 def _is_result_type(hint: Any) -> bool:
@@ -140,8 +151,9 @@ class SavableResult(Presents):
     """
 
     def _subfolder(self, name: str, key: Any = None) -> str:
-        """Folder (relative to the result's) of field ``name``, or of its entry ``key`` for a dict of results."""
-        return name if key is None else f"{name}/{_slug(key)}"
+        """Folder (relative to the result's) of field ``name``, or of its entry ``key`` for a dict of results
+        (:func:`~tl_query_lens.paths.result_name`: one folder per key)."""
+        return name if key is None else f"{name}/{result_name(key)}"
 
     def save(self, path: str | Path) -> Path:
         """Save into folder ``path`` (created); returns it."""
@@ -159,8 +171,10 @@ class SavableResult(Presents):
                 nested[field.name] = {"folder": folder}
             elif isinstance(value, dict) and value and all(isinstance(v, SavableResult) for v in value.values()):
                 entries = []
-                for key, item in value.items():
-                    folder = self._subfolder(field.name, key)
+                folders = result_names(
+                    value, f"{type(self).__name__}.{field.name} keys", partial(self._subfolder, field.name)
+                )
+                for (key, item), folder in zip(value.items(), folders):
                     item.save(path / folder)
                     entries.append([key, folder])
                 nested[field.name] = {"entries": entries}
@@ -194,11 +208,12 @@ class SavableResult(Presents):
             fields[name] = hint(**value) if is_config and isinstance(value, dict) else value
         for name, spec in record.get("nested", {}).items():
             hint = _optional(hints[name])
+            where = f"{path / 'result.json'} (nested field {name!r})"
             if "entries" in spec:
                 item_type = _dict_value_type(hint)
-                fields[name] = {key: item_type.load(path / folder) for key, folder in spec["entries"]}
+                fields[name] = {key: item_type.load(inside(path, folder, where)) for key, folder in spec["entries"]}
             else:
-                fields[name] = _load_part(hint, path / spec["folder"])
+                fields[name] = _load_part(hint, inside(path, spec["folder"], where))
         tensor_file = path / "tensors.safetensors"
         if tensor_file.exists():
             fields.update(read_tensors(tensor_file, fix=fix)[0])

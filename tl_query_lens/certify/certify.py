@@ -30,7 +30,7 @@ from tl_query_lens.certify.bound import (
 )
 from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
 from tl_query_lens.certify.plots import bound_vs_n_figure
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import check_disjoint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
@@ -177,6 +177,15 @@ class CertifyConfig:
     batch_size: int = 16
     exclude_first_positions: int = 0
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "k": "[1, inf)",
+        "delta": "(0, 1)",
+        "alpha": "(0, 1)",
+        "n_schedule": "[1, inf)",
+        "batch_size": "[1, inf)",
+        "exclude_first_positions": "[0, inf)",
+    }
+
     def __post_init__(self) -> None:
         if self.exclude_first_positions < 0:
             raise InputError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
@@ -188,6 +197,7 @@ class CertifyConfig:
             raise InputError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
         if self.k < 1 or self.batch_size < 1:
             raise InputError("k and batch_size must be positive.")
+        check_ranges(self)
 
 
 def check_inputs(

@@ -23,7 +23,7 @@ from tl_query_lens.certify.certify import Certificate, CertifyConfig
 from tl_query_lens.certify.losses import Rule
 from tl_query_lens.certify.protocols import PROTOCOLS
 from tl_query_lens.certify.sweep import LayerSweep, certify_layers
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
@@ -143,11 +143,25 @@ class ProtocolCertifyConfig:
     bins: int = 40
     exclude_first_positions: int = 0
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_cal": "[1, inf)",
+        "n_eval": "[1, inf)",
+        "seq_len": "[1, inf)",
+        "k": "[1, inf)",
+        "delta": "(0, 1)",
+        "alpha": "(0, 1)",
+        "batch_size": "[1, inf)",
+        "seed": "[0, 4294967295]",
+        "bins": "[1, inf)",
+        "exclude_first_positions": "[0, inf)",
+    }
+
     def __post_init__(self) -> None:
         self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
         if not isinstance(self.shuffle, bool):
             self.shuffle = tuple(self.shuffle)
         self.certify_config()  # the options every certificate shares are validated once, by CertifyConfig
+        check_ranges(self)
         check_first_positions(self.exclude_first_positions, self.seq_len)
         if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
             raise ValueError("bins, n_cal and n_eval must be positive.")

@@ -17,6 +17,7 @@ from tl_query_lens.certify.losses import PassTimes, Splice
 from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.paths import result_name
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.results import SavableResult
 
@@ -99,7 +100,7 @@ class LayerSweep(SavableResult):
         """One folder per certificate: ``layer{L}`` / ``{label}``, and ``…_shuffled`` for the shuffled proxies."""
         if key is None:
             return name
-        folder = f"layer{key}" if isinstance(key, int) else "".join(ch if ch.isalnum() else "_" for ch in str(key))
+        folder = f"layer{key}" if isinstance(key, int) else result_name(key)  # one folder per label
         return f"{folder}_shuffled" if name == "shuffled" else folder
 
     title: ClassVar[str] = "Certificates per layer"

@@ -10,10 +10,11 @@ subcommand being run is configured, and heavy libraries (torch, TransformerLens,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 __all__ = ["SUBCOMMANDS", "build_parser", "command", "main"]
 
@@ -78,17 +79,49 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    from tl_query_lens.errors import InputError  # imports torch: only once a command runs
+    from tl_query_lens import interrupts
+    from tl_query_lens.errors import InputError  # light: torch is imported by the command itself
 
+    command = " ".join(c for c in (args.command, getattr(args, "action", None)) if c)
     try:
-        return int(args.func(args) or 0)
+        with interrupts.catch_signals(), _output_folder(args):
+            return int(args.func(args) or 0)
     except InputError as err:
         if debug:
             raise
-        command = " ".join(c for c in (args.command, getattr(args, "action", None)) if c)
         print(f"tlql {command}: error: {err}", file=sys.stderr)
         print("(add --debug to see the traceback)", file=sys.stderr)
         return 2
+    except BaseException as err:
+        if debug or not interrupts.is_interrupt(err):
+            raise
+        return interrupts.report(err, command)
+
+
+@contextlib.contextmanager
+def _output_folder(args: argparse.Namespace) -> Iterator[None]:
+    """Check ``--out`` (a folder that can be created and written, with plain component names) and hold its lock
+    while the command runs, so two runs never write one folder; a folder this run created and left empty (the
+    command stopped on a user error) is removed again."""
+    from tl_query_lens.cli.run import check_wandb_mode
+    from tl_query_lens.paths import LOCK_NAME, check_folder, folder_lock
+
+    if getattr(args, "wandb", False):
+        check_wandb_mode()
+    out = getattr(args, "out", None)
+    if not isinstance(out, str) or not out:
+        yield
+        return
+    folder = check_folder(out, "--out")
+    created = not folder.exists()
+    try:
+        with folder_lock(folder, "--out"):
+            yield
+    finally:
+        if created and folder.is_dir() and {p.name for p in folder.iterdir()} <= {LOCK_NAME}:
+            with contextlib.suppress(OSError):
+                (folder / LOCK_NAME).unlink(missing_ok=True)
+                folder.rmdir()
 
 
 if __name__ == "__main__":

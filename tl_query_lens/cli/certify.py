@@ -48,19 +48,34 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
     from tl_query_lens.certify.sweep import LayerSweep
     from tl_query_lens.cli.certify_paper import report_paper
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.cli.ranges import parse_layers
+    from tl_query_lens.errors import InputError
+    from tl_query_lens.paths import result_names
     from tl_query_lens.sources import load_sources, parse_sources
 
     run_cfg, cfg = build(RunConfig, args), build(protocol.ProtocolCertifyConfig, args)
-    dims = check_run(run_cfg)
+    dims = check_run(run_cfg, seq_len=cfg.seq_len)
     sources = parse_sources(run_cfg.dictionary)
     parse_layers(run_cfg.layers, dims.n_layers if dims else None)
     if dims is not None:
         _check_n_eval(cfg.n_eval, dims.d_vocab, cfg)
+    if cfg.rule == "topk" and all(s.kind == "ffkv" for s in sources):
+        check_limits(dims, {"--k": (cfg.k, "d_mlp")}, run_cfg.model)
     model = load_model(run_cfg)
-    saes = {d.label: d.sae for d in load_sources(sources, model, parse_layers(run_cfg.layers, model.cfg.n_layers))}
+    check_limits(dims_of(model), {"--seq-len": (cfg.seq_len, "n_ctx")}, run_cfg.model)
+    if dims is None:
+        _check_n_eval(cfg.n_eval, model.cfg.d_vocab, cfg)
+    loaded = load_sources(sources, model, parse_layers(run_cfg.layers, model.cfg.n_layers))
+    narrowest = min(loaded, key=lambda d: int(d.sae.cfg.d_sae))
+    if cfg.rule == "topk" and cfg.k > int(narrowest.sae.cfg.d_sae):
+        raise InputError(
+            f"--k {cfg.k} exceeds the {narrowest.sae.cfg.d_sae} features of {narrowest.label}; give --k ≤ "
+            f"{narrowest.sae.cfg.d_sae}."
+        )
+    result_names([d.label for d in loaded], "--dictionary labels")  # one folder per certificate
+    saes = {d.label: d.sae for d in loaded}
     out = Path(run_cfg.out)
     if cfg.protocol == "paper":
         return report_paper(protocol.certify_protocol(model, saes, run_cfg.corpus, cfg=cfg), run_cfg, args, cfg)

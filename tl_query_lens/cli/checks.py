@@ -6,7 +6,6 @@ without loading it; other models are checked again by the methods once loaded.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.corpus import read_documents
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.models import _ALIASES, EMBEDDED_MODELS, smollm2_config
+from tl_query_lens.paths import check_folder
 
 
 @dataclass(frozen=True)
@@ -27,23 +27,44 @@ class ModelDims:
     d_mlp: int
     d_vocab: int
     n_ctx: int
+    d_model: int = 0
 
 
-def check_folder(path: str | Path, what: str = "--out") -> Path:
-    """A folder that can be created and written: not a file, under a writable existing ancestor."""
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{what} {folder} is a file, not a folder; pass a folder path (it is created if missing).")
-    ancestor = folder
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise InputError(f"{what} {folder} cannot be created: {ancestor} is a file. Choose another path.")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(
-            f"{what} {folder} cannot be written: {ancestor} is read-only for this user. Choose a writable folder."
-        )
-    return folder
+def dims_of(model: Any) -> ModelDims:
+    """The :class:`ModelDims` of a loaded model (for the same checks after loading a model not known before)."""
+    cfg = model.cfg
+    return ModelDims(int(cfg.n_layers), int(cfg.d_mlp or 0), int(cfg.d_vocab), int(cfg.n_ctx), int(cfg.d_model))
+
+
+_DIM_NAMES = {
+    "n_layers": "layers",
+    "d_mlp": "MLP neurons (the FF-KV width)",
+    "d_vocab": "vocabulary tokens",
+    "n_ctx": "context positions",
+    "d_model": "residual dimensions",
+}
+
+
+def check_limits(dims: ModelDims | None, limits: dict[str, tuple[Any, str]], model: str = "the model") -> None:
+    """Refuse option values above a size of the model: ``{"--k": (k, "d_mlp")}`` needs ``k <= d_mlp`` (``"<n_layers"``
+    for ids: ``< n_layers``). Nothing is checked while ``dims`` is None (a model not loaded yet and not embedded);
+    values None pass. The message names the option, the model's size and what it counts."""
+    if dims is None:
+        return
+    for option, (value, dim) in limits.items():
+        strict = dim.startswith("<")
+        name = dim.lstrip("<")
+        size = getattr(dims, name)
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for item in values:
+            if item is None or not size:
+                continue
+            if item > size or (strict and item >= size):
+                bound = f"< {size}" if strict else f"≤ {size}"
+                raise InputError(
+                    f"{option} {item} is too large for {model}: it has {size} {_DIM_NAMES[name]}, so {option} must "
+                    f"be {bound}."
+                )
 
 
 def check_corpus(source: str, what: str = "--corpus") -> None:
@@ -74,7 +95,7 @@ def check_model_name(name: str) -> ModelDims | None:
     """Refuse names neither embedded nor known to TransformerLens; dimensions of the embedded model (else None)."""
     if _ALIASES.get(name.lower(), name.lower()) in EMBEDDED_MODELS:
         cfg = smollm2_config()
-        return ModelDims(cfg.n_layers, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx)
+        return ModelDims(cfg.n_layers, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx, cfg.d_model)
     from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:

@@ -50,7 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from tl_query_lens.cli.checks import check_corpus, check_limits, check_model_name
     from tl_query_lens.demo import DemoConfig, run_demo
+    from tl_query_lens.paths import check_folder
 
     options = build(DemoOptions, args)
     cfg = build(
@@ -60,6 +62,17 @@ def run_demo(args: argparse.Namespace) -> int:
         factory=lambda **kw: (DemoConfig.quick if options.quick else DemoConfig)(
             **{k: v for k, v in kw.items() if v is not None}
         ),
+    )
+    dims = check_model_name(cfg.model)
+    check_corpus(cfg.corpus)
+    if cfg.operator_cache is not None:
+        check_folder(cfg.operator_cache, "--operator-cache")
+    layers = {"--ffkv-layers": (cfg.ffkv_layers, "<n_layers"), "--ql-layer": (cfg.ql_layer, "<n_layers")}
+    sizes = {"--cert-layer": (cfg.cert_layer, "<n_layers"), "--k": (cfg.k, "d_mlp")}
+    check_limits(
+        dims,
+        {**layers, **sizes, "--n-features": (cfg.n_features, "d_mlp"), "--seq-len": (cfg.seq_len, "n_ctx")},
+        cfg.model,
     )
     outputs = run_demo(cfg)
     print(f"results folder : {outputs.out}")

@@ -42,19 +42,36 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tl_query_lens import FFKV
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.dictionaries.splice import FFKVSummary, FFKVSummaryConfig, ffkv_summary
+    from tl_query_lens.interrupts import with_resume
 
     run_cfg, cfg, options = build(RunConfig, args), build(FFKVSummaryConfig, args), build(FFKVOptions, args)
     dims = check_run(run_cfg)
     parse_layers(run_cfg.layers, dims.n_layers if dims else None)
+    check_limits(dims, {"--k": (cfg.k, "d_mlp")}, run_cfg.model)
     model = load_model(run_cfg)
     layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
+    check_limits(dims_of(model), {"--k": (cfg.k, "d_mlp")}, run_cfg.model)
     tokens = load_tokens(run_cfg, model, "evaluation")
     out = Path(run_cfg.out)
-    summary = ffkv_summary(model, layers, tokens, cfg=cfg)
+    summary = FFKVSummary(k=cfg.k, sparse={}, dense={})
+    try:
+        for layer in layers:  # one layer at a time: an interrupt keeps the finished ones
+            part = ffkv_summary(model, [layer], tokens, cfg=cfg)
+            summary.sparse.update(part.sparse)
+            summary.dense.update(part.dense)
+    except KeyboardInterrupt as err:
+        left = ",".join(str(layer) for layer in layers if layer not in summary.sparse)
+        if not summary.sparse:
+            raise with_resume(err, "no layer had finished; rerun the same command") from None
+        summary.save(out)
+        raise with_resume(
+            err,
+            f"layers {sorted(summary.sparse)} are saved in {out}; run the rest with --layers {left} and another --out",
+        ) from None
     summary.save(out)
     if options.save_dictionaries:
         for layer in layers:

@@ -45,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
     n_layers = dims.n_layers if dims else None
     parse_layers(run_cfg.layers, n_layers, "--sources")
     parse_layers(",".join(map(str, cfg.operator_layers or ())) or "all", n_layers, "--operator-layers")
+    if n_layers is not None:
+        check_destinations(parse_layers(run_cfg.layers, n_layers, "--sources"), n_layers, cfg)
     model = load_model(run_cfg)
     sources = parse_layers(run_cfg.layers, model.cfg.n_layers, "--sources")
     parse_layers(",".join(map(str, cfg.operator_layers or ())) or "all", model.cfg.n_layers, "--operator-layers")
+    check_destinations(sources, model.cfg.n_layers, cfg)
     tokens = load_tokens(run_cfg, model, "train")
     result = subspace_channels(model, {layer: FFKV.from_model(model, layer) for layer in sources}, tokens, cfg=cfg)
     result.save(out / "channels")
@@ -78,3 +81,23 @@ def run(args: argparse.Namespace) -> int:
             f"held-out " + ", ".join(f"{c} {v:.4g}" for c, v in means.items())
         )
     return 0
+
+
+def check_destinations(sources: list[int], n_layers: int, cfg) -> None:
+    """The channels of ``sources`` need blocks after them, and for ``--destination layer`` at least two destination
+    layers (the overlap of same- and different-destination pairs is compared)."""
+    from tl_query_lens.errors import InputError
+
+    allowed = set(cfg.operator_layers) if cfg.operator_layers else set(range(n_layers))
+    blocks = {b for s in sources for b in range(s + 1, n_layers)} & allowed
+    if not blocks:
+        raise InputError(
+            f"--sources {','.join(map(str, sources))}: no block after them (among --operator-layers) receives their "
+            f"channels; the model has layers 0..{n_layers - 1}, so choose earlier source layers."
+        )
+    if cfg.destination == "layer" and len(blocks) == 1:
+        raise InputError(
+            f"--sources {','.join(map(str, sources))} send their channels to block {min(blocks)} only, so "
+            "--destination layer has no different-destination pairs to compare; use --destination module "
+            "(attention vs MLP of each block) or earlier source layers."
+        )

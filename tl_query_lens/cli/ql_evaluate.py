@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import check_ranges
 
 RUN = {"out": "results/ql_eval", "layers": "6,12,18,24", "n_seqs": 512, "seq_len": 32}
 
@@ -27,6 +29,11 @@ class Table1Options:
     op_seqs: int = 2
     op_seq_len: int = 32
     n_prompts: int = 4
+
+    RANGES: ClassVar[dict[str, str]] = {"op_seqs": "[1, inf)", "op_seq_len": "[2, inf)", "n_prompts": "[1, inf)"}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def add_parser(subparsers) -> None:

@@ -12,6 +12,7 @@ from tl_query_lens.cli import command, configure, readout_decompose, readout_eva
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.paths import plain_name
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary")
 
@@ -30,6 +31,10 @@ class FitOptions:
     preset: Literal["small", "paper"] = "small"
     sae_id: str | None = None
     save: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sae_id is not None:
+            plain_name(self.sae_id, "sae_id")  # a folder of the user cache: nothing outside it
 
 
 def add_parser(subparsers) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import check_ranges
+from tl_query_lens.paths import plain_name
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary", "corpus")
 
@@ -31,6 +34,12 @@ class DecomposeOptions:
     hook: str | None = None
     position: int = -1
     top: int = 10
+
+    RANGES: ClassVar[dict[str, str]] = {"position": "(-inf, inf)", "top": "[1, inf)"}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        plain_name(self.sae_id, "sae_id")  # a folder of the user cache: nothing outside it
 
 
 def add_parser(subparsers) -> None:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import ClassVar
+
+from tl_query_lens.config import check_ranges
+
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
+
+
+def check_wandb_mode() -> None:
+    """Refuse a ``WANDB_MODE`` that W&B does not know before any work (W&B itself would fail only at the end)."""
+    from tl_query_lens.errors import InputError
+
+    mode = os.environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:
+        raise InputError(
+            f"WANDB_MODE={mode!r} is not a W&B mode; set it to one of {', '.join(WANDB_MODES)} (or unset it), "
+            "or pass --no-wandb."
+        )
 
 
 @dataclass
@@ -40,9 +58,7 @@ class RunConfig:
     wandb: bool = True
     wandb_project: str = "tl_query_lens"
 
+    RANGES: ClassVar[dict[str, str]] = {"seed": "[0, 4294967295]", "n_seqs": "[1, 10000000]", "seq_len": "[1, 1048576]"}
+
     def __post_init__(self) -> None:
-        for name in ("n_seqs", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}.")
-        if self.seed < 0:
-            raise ValueError(f"seed must be ≥ 0, got {self.seed}.")
+        check_ranges(self)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import check_ranges
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/saes_compare", "layers": "6,12,18,24", "n_seqs": 32, "seq_len": 64}
@@ -32,6 +34,11 @@ class CompareOptions:
     dictionaries: tuple[str, ...] = ()
     k: int | None = None
     absorption: bool = True
+
+    RANGES: ClassVar[dict[str, str]] = {"k": "[1, inf)"}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def add_parser(subparsers) -> None:
@@ -62,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tl_query_lens import FFKV
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.dictionaries.absorption import AbsorptionConfig
@@ -81,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
         bool(options.release) and not in_release
     )
     sources = [parse_source(spec, "--dictionaries") for spec in options.dictionaries]  # bad specs refused here
+    limits = {"--k": (options.k, "d_mlp"), "--control-k": (cfg.control_k, "d_mlp")}
+    check_limits(dims, limits, run_cfg.model)
     model = load_model(run_cfg)
     layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
+    check_limits(dims_of(model), limits, run_cfg.model)
     tokens = load_tokens(run_cfg, model, "evaluation")
     trained = {}
     for spec in in_release + sources:

@@ -23,7 +23,7 @@ def run_table1(
     ``tlql query-lens --evaluate`` (its corpus is the operator corpus; the evaluation corpus keeps 512 × 32)."""
     from pathlib import Path
 
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.cli.ranges import parse_features, parse_layers
     from tl_query_lens.errors import InputError
@@ -46,13 +46,32 @@ def run_table1(
     dims = check_run(run_cfg, folders={"--cache-dir": getattr(args, "cache_dir", None)}, op_seq_len=op_seq_len)
     sources = parse_sources(run_cfg.dictionary)
     parse_layers(run_cfg.layers, dims.n_layers if dims else None)
-    if run_cfg.features and all(s.kind == "ffkv" for s in sources):
+    n_eval = ev_seqs or run_cfg.n_seqs
+    if n_eval < cfg.n_contexts:
+        raise InputError(
+            f"the evaluation corpus has {n_eval} sequences (--n-seqs) but --n-contexts is {cfg.n_contexts}: each "
+            f"feature needs that many max-activating contexts. Raise --n-seqs to ≥ {cfg.n_contexts} or lower "
+            "--n-contexts."
+        )
+    only_ffkv = all(s.kind == "ffkv" for s in sources)
+    if run_cfg.features and only_ffkv:
         parse_features(run_cfg.features, dims.d_mlp if dims else None)
+    limits = {
+        "--k": (cfg.k, "d_vocab"),
+        **({"--features-per-layer": (cfg.features_per_layer, "d_mlp")} if only_ffkv else {}),
+    }
+    check_limits(dims, limits, run_cfg.model)
     model = load_model(run_cfg)
+    check_limits(dims_of(model), {"--k": (cfg.k, "d_vocab")}, run_cfg.model)
     loaded = load_sources(sources, model, parse_layers(run_cfg.layers, model.cfg.n_layers))
     saes = {d.label: d.sae for d in loaded}
+    d_sae = min(int(sae.cfg.d_sae) for sae in saes.values())
+    if cfg.features_per_layer > d_sae:  # all of them would be used, silently
+        raise InputError(
+            f"--features-per-layer {cfg.features_per_layer} exceeds the {d_sae} features of the narrowest dictionary; "
+            f"give at most {d_sae} (or --features 'all' for every one)."
+        )
     if run_cfg.features:  # checked against every dictionary before any operator is computed
-        d_sae = min(int(sae.cfg.d_sae) for sae in saes.values())
         cfg.features = tuple(parse_features(run_cfg.features, d_sae) or range(d_sae))
     op_tokens = load_tokens(run_cfg, model, "train", n_seqs=op_seqs, seq_len=op_seq_len)
     ev_tokens = load_tokens(run_cfg, model, "evaluation", n_seqs=ev_seqs, seq_len=ev_seq_len)

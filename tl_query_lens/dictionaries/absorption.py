@@ -41,7 +41,7 @@ from sae_lens import SAE
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import stop_layer
@@ -97,7 +97,31 @@ class AbsorptionConfig:
     batch_size: int = 16
     seed: int = 0
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_words": "[2, inf)",
+        "train_fraction": "(0, 1)",
+        "n_icl_examples": "[0, inf)",
+        "max_k": "[1, inf)",
+        "f1_jump": "[0, inf)",
+        "min_probe_f1": "[0, 1]",
+        "min_letters": "[1, inf)",
+        "full_cos": "[-1, 1]",
+        "fraction_cos": "[-1, 1]",
+        "projection_share": "[0, 1]",
+        "max_absorbers": "[1, inf)",
+        "probe_epochs": "[1, inf)",
+        "probe_batch": "[1, inf)",
+        "probe_lr": "(0, inf)",
+        "probe_wd": "[0, inf)",
+        "sparse_l1": "[0, inf)",
+        "sparse_epochs": "[1, inf)",
+        "sparse_batch": "[1, inf)",
+        "batch_size": "[1, inf)",
+        "seed": "[0, 4294967295]",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.n_words < 2 or not 0 < self.train_fraction < 1:
             raise ValueError("AbsorptionConfig needs n_words ≥ 2 and 0 < train_fraction < 1.")
         if self.max_k < 1 or self.n_icl_examples < 0:

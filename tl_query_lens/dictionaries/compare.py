@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.dictionaries.absorption import (
     AbsorptionConfig,
     first_letter_absorption,
@@ -61,7 +61,15 @@ class CompareConfig:
     batch_size: int = 8
     exclude_first_positions: int = 1
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "control_k": "[1, inf)",
+        "seed": "[0, 4294967295]",
+        "batch_size": "[1, inf)",
+        "exclude_first_positions": "[0, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         bad = [v for v in self.control_variants if v not in ("vanilla", "topk", "normalized")]
         if bad:
             raise ValueError(f"control_variants must be FF-KV variants (vanilla/topk/normalized), got {bad}.")

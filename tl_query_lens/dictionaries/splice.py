@@ -14,7 +14,7 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
@@ -209,7 +209,13 @@ class FFKVSummaryConfig:
     dense: bool = True
     batch_size: int = 8
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "k": "[1, inf)",
+        "batch_size": "[1, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.k < 1 or self.batch_size < 1:
             raise ValueError(f"k and batch_size must be ≥ 1, got k={self.k}, batch_size={self.batch_size}.")
 

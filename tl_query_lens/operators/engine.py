@@ -39,7 +39,7 @@ from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
-from tl_query_lens.models import copy_model
+from tl_query_lens.models import copy_model, weights_fingerprint
 from tl_query_lens.operators import flops
 from tl_query_lens.operators.config import SWEEP_DTYPES, EngineConfig
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
@@ -275,6 +275,7 @@ def _compute(
         keyed = names if basis is None else [*names, f"basis:{basis}"]  # one cache file per feature set
         if kind == "value" and anchor != final_hook(model):
             keyed = [*keyed, f"to:{anchor}"]  # value operators into another destination than the final residual
+        keyed = [*keyed, f"weights:{weights_fingerprint(model)}"]  # same name, other weights: another file
         path = cache_path(cache_dir, kind, model_name, keyed, fingerprint, dtype, skip_positions)
     state = None
     if path is not None and path.exists():

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
@@ -60,7 +60,18 @@ class ChannelConfig:
     n_permutations: int = 10000
     fits: tuple[str, ...] = ("closed_form", "adam")
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "rank": "[1, inf)",
+        "train_frac": "(0, 1)",
+        "seed": "[0, 4294967295]",
+        "lr": "(0, inf)",
+        "epochs": "[0, inf)",
+        "init_std": "[0, inf)",
+        "n_permutations": "[0, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.fits = tuple(self.fits)
         if self.rank is not None and self.rank < 1:
             raise ValueError(f"rank must be ≥ 1 (or None for d/L), got {self.rank}.")
@@ -373,8 +384,21 @@ class SubspaceChannelsConfig(ChannelConfig):
     operator_layers: tuple[int, ...] | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "rank": "[1, inf)",
+        "train_frac": "(0, 1)",
+        "seed": "[0, 4294967295]",
+        "lr": "(0, inf)",
+        "epochs": "[0, inf)",
+        "init_std": "[0, inf)",
+        "n_permutations": "[0, inf)",
+        "operator_layers": "[0, inf)",
+        "skip_positions": "[0, inf)",
+        "chunk": "[1, inf)",
+    }
+
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # checks RANGES (this class's) too
         if self.operator_layers is not None:
             self.operator_layers = tuple(int(k) for k in self.operator_layers)
             if not self.operator_layers:
@@ -445,9 +469,10 @@ def _pair_summary(ol, names, dests, modules, cfg: ChannelConfig, rank: int, d: i
     labels = torch.tensor(same, dtype=torch.bool)
     scores = torch.tensor([ol[i, j].item() for i, j in pairs], dtype=torch.float64)
     if labels.all() or not labels.any():
-        raise ValueError(
+        raise InputError(
             f"destination={cfg.destination!r} gives no {'different' if labels.all() else 'same'}-destination pairs "
-            "for these channels; with one source layer use destination='layer'."
+            "for these channels; use "
+            + ("destination='module' or earlier source layers." if labels.all() else "more source layers.")
         )
     return {
         "ol_same": scores[labels].mean().item(),

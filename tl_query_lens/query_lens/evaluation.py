@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.presentation import Table
@@ -78,7 +78,19 @@ class EvaluationConfig:
     tc_values: tuple[float, ...] = (1.0, 5.0, 10.0)
     protocol: ProtocolName = "tlql"
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_contexts": "[1, inf)",
+        "kl_targets": "(0, inf)",
+        "n_generate": "[1, inf)",
+        "temperature": "(0, inf)",
+        "seed": "[0, 4294967295]",
+        "n_steps": "[1, inf)",
+        "n_steered": "[1, inf)",
+        "tc_values": "(0, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
         if PROTOCOLS[self.protocol].TC_VALUES is not None:
             self.tc_values = PROTOCOLS[self.protocol].TC_VALUES  # the authors' TC clamps at α = 10 only

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Int
@@ -65,8 +65,25 @@ class Table1Config(EvaluationConfig):
     engine: EngineConfig = field(default_factory=EngineConfig)
     up_key: bool = False
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_contexts": "[1, inf)",
+        "kl_targets": "(0, inf)",
+        "n_generate": "[1, inf)",
+        "temperature": "(0, inf)",
+        "seed": "[0, 4294967295]",
+        "n_steps": "[1, inf)",
+        "n_steered": "[1, inf)",
+        "tc_values": "(0, inf)",
+        "k": "[1, inf)",
+        "features_per_layer": "[1, inf)",
+        "features": "[0, inf)",
+        "exclude_first_positions": "[0, inf)",
+        "skip_positions": "[0, inf)",
+        "chunk": "[1, inf)",
+    }
+
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # checks RANGES (this class's) too
         self.methods = tuple(self.methods)
         self.features = None if self.features is None else tuple(int(f) for f in self.features)
         unknown = [m for m in self.methods if m not in SIGNATURE_METHODS]

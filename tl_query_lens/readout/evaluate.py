@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout import baselines as bl
@@ -81,7 +81,16 @@ class ReadoutEvalConfig:
     kmeans_iters: int = 10
     ridge_k: int | None = None
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "ablation_states": "[0, inf)",
+        "n_boot": "[1, inf)",
+        "kmeans_widths": "[1, inf)",
+        "kmeans_iters": "[1, inf)",
+        "ridge_k": "[1, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.baselines = tuple(self.baselines)
         unknown = [b for b in self.baselines if b not in bl.BASELINE_ORDER]
         if unknown:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
@@ -87,7 +87,30 @@ class ReadoutFitConfig:
     max_seconds: float | None = None
     seed: int = 0
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "width": "[1, inf)",
+        "width_mult": "[1, inf)",
+        "k": "[1, inf)",
+        "steps": "[1, inf)",
+        "batch_rows": "[1, inf)",
+        "batch_pairs": "[1, inf)",
+        "lr": "(0, inf)",
+        "weight_decay": "[0, inf)",
+        "clip": "(0, inf)",
+        "lambda_prism": "[0, inf)",
+        "code_l2": "[0, inf)",
+        "frequency_share": "[0, 1]",
+        "top_n": "[1, inf)",
+        "n_seqs": "[1, inf)",
+        "seq_len": "[1, inf)",
+        "rare_rows": "[0, inf)",
+        "log_every": "[1, inf)",
+        "max_seconds": "(0, inf)",
+        "seed": "[0, 4294967295]",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         for name in (
             "width_mult",
             "k",

@@ -22,6 +22,7 @@ from sae_lens import SAE, HookedSAETransformer
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
+from tl_query_lens.config import check_ranges
 from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.hooks import check_hook, hook_layer
 from tl_query_lens.presentation import Table
@@ -69,7 +70,16 @@ class SAEReportConfig:
     batch_size: int = 8
     exclude_first_positions: int = 1
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_seqs": "[1, inf)",
+        "seq_len": "[2, inf)",
+        "seed": "[0, 4294967295]",
+        "batch_size": "[1, inf)",
+        "exclude_first_positions": "[0, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.n_seqs < 1 or self.seq_len < 2 or self.batch_size < 1:
             raise ValueError("n_seqs and batch_size must be >= 1 and seq_len >= 2 (CE needs a next token).")
 

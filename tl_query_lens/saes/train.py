@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from sae_lens.training.multi_sae_trainer import MultiSAETrainer
 from safetensors import SafetensorError
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
@@ -119,7 +119,27 @@ class SAESuiteConfig:
     autocast: bool = True
     autocast_lm: bool = True
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "layers": "[0, inf)",
+        "d_sae": "[1, inf)",
+        "k": "[1, inf)",
+        "transcoder_k": "[1, inf)",
+        "n_seqs": "[1, inf)",
+        "seq_len": "[2, inf)",
+        "training_tokens": "[1, inf)",
+        "batch_size_tokens": "[1, inf)",
+        "lr": "(0, inf)",
+        "lr_warm_up_steps": "[0, inf)",
+        "lr_decay_fraction": "[0, 1)",
+        "dead_feature_window": "[1, inf)",
+        "n_checkpoints": "[1, inf)",
+        "seed": "[0, 4294967295]",
+        "activation_batch_size": "[1, inf)",
+        "exclude_first_positions": "[0, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.layers = tuple(int(x) for x in self.layers)
         self.kinds = tuple(self.kinds)
         if not self.layers:

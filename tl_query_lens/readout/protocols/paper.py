@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.protocols import ProtocolName
@@ -104,7 +104,22 @@ class PaperReadoutConfig:
     kmeans_ridge: float = 1e-4
     own_kmeans_iters: int = 10
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_features": "[1, inf)",
+        "n_control": "[0, inf)",
+        "max_states": "[1, inf)",
+        "seed": "[0, 4294967295]",
+        "n_neighbours": "[1, inf)",
+        "neighbour_ridge": "[0, inf)",
+        "kmeans_widths": "[1, inf)",
+        "kmeans_k": "[1, inf)",
+        "kmeans_iters": "[1, inf)",
+        "kmeans_ridge": "[0, inf)",
+        "own_kmeans_iters": "[1, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.baselines = tuple(self.baselines)
         known = PAPER_BASELINES + OWN_VARIANTS
         unknown = [b for b in self.baselines if b not in known]
