@@ -139,7 +139,8 @@ def compute_cell(name: str, args: argparse.Namespace, folder: Path) -> dict[str,
     bank_run = final_residuals(
         model, [p["prompt"] for p in bank], [f"blocks.{layer}.hook_resid_post" for layer in layers]
     )
-    ops_a, ops_b = lens_operators(model, layers, bank_run[0], args.lens_windows, Path(args.out) / "lens_ops")
+    lens_cache = Path(args.lens_cache) if args.lens_cache else Path(args.out) / "lens_ops"
+    ops_a, ops_b = lens_operators(model, layers, bank_run[0], args.lens_windows, lens_cache)
     lens_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     cross = cross_lens_prompts(model, fit.sae, ops_a, ops_b, bank, states=bank_run, layers=layers)
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         default="nearest_row_ridge_excl_contrast",
         help="paper baselines scored for the margin ('' for none; the default is the strongest in docs/reproduction.md)",
     )
+    parser.add_argument("--lens-cache", default=None, help="lens operator cache (default <out>/lens_ops)")
     parser.add_argument("--eval-threads", type=int, default=1, help="torch threads of the scoring (default 1)")
     parser.add_argument("--report", action="store_true", help="only print the table of the done cells")
     parser.add_argument("--run-cell", help=argparse.SUPPRESS)
