@@ -99,11 +99,15 @@ def cell_settings(name: str, base: CertifySettings) -> CertifySettings:
 
 
 def check_settings(settings: list[CertifySettings]) -> None:
-    """Before any heavy work: the broad corpus is installed where a cell reads it."""
+    """Before any heavy work: the broad corpus is installed where a cell reads it and the dictionaries parse."""
     if any(s.corpus == "broad" for s in settings):
         from tl_query_lens.broad_corpus import read_manifest
 
         read_manifest()  # InputError naming scripts/setup.sh --broad-corpus
+    from tl_query_lens.sources import parse_sources
+
+    for spec in dict.fromkeys(s.dictionary for s in settings):
+        parse_sources(spec)  # an unknown release or a missing folder fails here, not in the first cell
 
 
 def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict[str, Any]:

@@ -140,13 +140,18 @@ def cell_settings(name: str, base: SweepSettings) -> SweepSettings:
 
 
 def check_settings(settings: list[SweepSettings]) -> None:
-    """What can be checked before any heavy work: the broad corpus is installed where a cell reads it."""
+    """What can be checked before any heavy work: the broad corpus is installed where a cell reads it, the prompts
+    exist and the dictionaries parse."""
     if any("broad" in (s.maxact_corpus, s.op_corpus) for s in settings):
         from tl_query_lens.broad_corpus import read_manifest
 
         read_manifest()  # InputError naming scripts/setup.sh --broad-corpus
     for s in settings:
         sweep_prompts(s.n_prompts)
+    from tl_query_lens.sources import parse_sources
+
+    for spec in dict.fromkeys(s.dictionary for s in settings):
+        parse_sources(spec)  # an unknown release or a missing folder fails here, not in the first cell
 
 
 def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Path | None = None) -> dict[str, Any]:
