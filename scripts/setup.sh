@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # Create a virtual environment with everything tl_query_lens and its tests need (CPU torch, embedded model).
-# Usage: bash scripts/setup.sh [VENV_DIR]   (default .venv)
+# Usage: bash scripts/setup.sh [--broad-corpus [--debs DIR]] [VENV_DIR]   (default .venv)
+#   --broad-corpus  also install the 'broad' corpus (~50k documents of English prose from six pinned Debian packages,
+#                   19 MB fetched from deb.debian.org, checked by SHA-256; docs/corpus.md). Without it every default
+#                   works; load_corpus("broad") then says to rerun with this option.
+#   --debs DIR      take those .deb files from DIR (e.g. fetched with `apt-get download`) before the mirror.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${1:-.venv}
+BROAD=0
+DEBS=()
+POSITIONAL=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --broad-corpus) BROAD=1 ;;
+        --debs) DEBS=(--debs "$2"); shift ;;
+        -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+        *) POSITIONAL+=("$1") ;;
+    esac
+    shift
+done
+VENV=${POSITIONAL[0]:-.venv}
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
@@ -18,4 +34,7 @@ cp tl_query_lens-saelens.pth "$("$VENV/bin/python" -c 'import sysconfig; print(s
 # SAEBench 0.6 pins numpy<2 / datasets<4 (this environment has numpy 2, datasets 5): install it without its
 # dependencies; the absorption tests cross-check against its per-word calculator (skipped when it is missing).
 "$VENV/bin/python" -m pip install -q --no-deps "sae-bench==0.6.0"
+if [ "$BROAD" = 1 ]; then
+    "$VENV/bin/python" -m tl_query_lens.broad_corpus install "${DEBS[@]}"
+fi
 echo "tl_query_lens ready in $VENV (activate with: source $VENV/bin/activate)"

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "results",
             "hooks",
             "primitives",
+            "broad_corpus",
             "corpus",
             "documents",
             "models",

@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 from jaxtyping import Int
 
+from tl_query_lens.broad_corpus import broad_documents
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
 from tl_query_lens.models import cache_dir
 
@@ -38,7 +39,7 @@ _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-pack
 MIN_DOC_CHARS = 200
 # The "stdlib" source: long texts are cut into groups of paragraphs of about this size, so the hash split is fine-grained.
 CHUNK_CHARS = 1000
-SOURCES = ("embedded", "stdlib")
+SOURCES = ("embedded", "stdlib", "broad")  # "broad": tl_query_lens/broad_corpus.py, installed by setup.sh
 
 
 def _clean_docstring(text: str) -> str:
@@ -229,7 +230,7 @@ def _read_hf_dataset(name: str, max_docs: int, text_field: str = "text") -> list
 
 
 def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_docs: int = 20000) -> list[str]:
-    """Documents of a corpus source: ``"embedded"``, ``"stdlib"``, a local .txt/.jsonl file or folder, an HF dataset
+    """Documents of a corpus source: ``"embedded"``, ``"stdlib"``, ``"broad"`` (once installed), a local .txt/.jsonl file or folder, an HF dataset
     name, or texts."""
     if not isinstance(source, (str, Path)):
         texts = list(source)
@@ -244,6 +245,8 @@ def read_documents(source: str | Path | Iterable[str] = "embedded", *, max_hf_do
         return list(stdlib_docstrings())
     if str(source) == "stdlib":
         return list(stdlib_texts())
+    if str(source) == "broad":  # general prose from Debian packages, installed by `scripts/setup.sh --broad-corpus`
+        return list(broad_documents())
     path = Path(source)
     if path.exists():
         return _read_local(path)

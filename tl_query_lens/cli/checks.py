@@ -68,9 +68,14 @@ def check_limits(dims: ModelDims | None, limits: dict[str, tuple[Any, str]], mod
 
 
 def check_corpus(source: str, what: str = "--corpus") -> None:
-    """'embedded' / 'stdlib', an existing .txt/.jsonl file or folder with documents (every line of a .jsonl parsed),
+    """'embedded' / 'stdlib' / 'broad' (installed), an existing .txt/.jsonl file or folder with documents (every line of a .jsonl parsed),
     or a Hugging Face dataset name (read later: needs a hub)."""
     if source in ("embedded", "stdlib"):
+        return
+    if source == "broad":  # installed by `scripts/setup.sh --broad-corpus`; the error names that option
+        from tl_query_lens.broad_corpus import read_manifest
+
+        read_manifest()
         return
     path = Path(source).expanduser()
     if path.exists():

@@ -76,6 +76,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from tl_query_lens.readout import collect_states
     from tl_query_lens.readout.diagnostics_paper import PaperReadoutConfig, readout_diagnostics_paper
     from tl_query_lens.readout.evaluate import ReadoutEvalConfig, evaluate_readout
+    from tl_query_lens.readout.registry import describe_fit_source, fit_source, release_name
 
     run_cfg, options, sae = build(RunConfig, args), build(EvalOptions, args), build(DecomposeOptions, args)
     own = {f.name for f in fields(ReadoutEvalConfig)}
@@ -85,6 +86,8 @@ def run_eval(args: argparse.Namespace) -> int:
         cfg = build(ReadoutEvalConfig, args, exclude=("baselines",), **_baselines(options))
     check_run(run_cfg)
     loader = load_readout(run_cfg.model, sae.sae_id, sae.sae_path)
+    source = fit_source(run_cfg.model, sae.sae_id, sae.sae_path)  # which fit is read, and how it was made
+    print(describe_fit_source(source, sae.sae_path or f"{release_name(run_cfg.model)}:{sae.sae_id}"))
     model = load_model(run_cfg)
     readout, tokens = loader(), load_tokens(run_cfg, model, "evaluation")
     if options.protocol == "paper":
@@ -92,7 +95,7 @@ def run_eval(args: argparse.Namespace) -> int:
         result = readout_diagnostics_paper(model, readout, states, cfg=cfg)
         result.save(Path(run_cfg.out) / "protocol_paper")
         scalars = {k: v for k, v in vars(result).items() if isinstance(v, (int, float))}
-        with tracker(run_cfg, "readout-eval-paper", args, readout=cfg) as track:
+        with tracker(run_cfg, "readout-eval-paper", args, readout=cfg, dictionary=source) as track:
             track.log_scalars("readout_paper_protocol", scalars)
             track.log_scalars("readout_paper_protocol_baselines", result.coverage_baselines)
         keys = "coverage_ci best_baseline coverage_baselines coverage_baselines_ci coverage_baselines_by_family"
@@ -101,7 +104,7 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     report = evaluate_readout(model, readout, collect_states(model, tokens), cfg=cfg)
     report.save(run_cfg.out)
-    with tracker(run_cfg, "readout-eval", args, readout=cfg) as track:
+    with tracker(run_cfg, "readout-eval", args, readout=cfg, dictionary=source) as track:
         for res in [report.srp, *report.baselines.values()]:
             scalars = {k: v for k, v in asdict(res).items() if isinstance(v, float)}
             track.log_scalars("srp" if res.method == "srp" else f"baseline_{res.method}", scalars)

@@ -29,7 +29,7 @@ class RunConfig:
 
     Attributes:
         model: the embedded model ('smollm2-135m', offline) or a TransformerLens model name.
-        corpus: 'embedded', 'stdlib', a .txt/.jsonl file or folder of documents, or a Hugging Face dataset name.
+        corpus: 'embedded', 'stdlib', 'broad' (installed by scripts/setup.sh --broad-corpus), a .txt/.jsonl file or folder of documents, or a Hugging Face dataset name.
         device: torch device of the model, e.g. 'cpu', 'cuda', 'cuda:1' (None: TransformerLens' choice).
         seed: seed of the corpus windows drawn (and of the method, where it has one).
         n_seqs: sequences (windows) drawn from the corpus.

