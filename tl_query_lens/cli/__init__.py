@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 __all__ = ["SUBCOMMANDS", "build_parser", "command", "main"]
 
-SUBCOMMANDS = ("ffkv", "query_lens", "ql_evaluate", "ql_channels", "readout", "certify", "saes", "demo")
+SUBCOMMANDS = ("ffkv", "query_lens", "ql_evaluate", "ql_channels", "readout", "certify", "saes", "demo", "atlas")
 
 
 def command(subparsers, name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None]):
