@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -132,7 +133,9 @@ class AtlasResult(SavableResult):
 
     def tables(self) -> dict[str, Table]:
         rows = [[d["slug"], d["label"], d["kind"], d["layer"], d["n_features"]] for d in self.dictionaries]
-        return {"dictionaries": Table.build({"slug": str, "label": str, "kind": str, "layer": int, "features": int}, rows)}
+        return {
+            "dictionaries": Table.build({"slug": str, "label": str, "kind": str, "layer": int, "features": int}, rows)
+        }
 
     @property
     def index_html(self) -> Path:
@@ -261,7 +264,9 @@ def build_atlas(
     if tokens is None:
         from tl_query_lens.corpus import load_corpus
 
-        tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed)
+        tokens = load_corpus(
+            cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
+        )
     if cfg.signatures and operator_tokens is None:
         from tl_query_lens.corpus import load_corpus
 
@@ -294,7 +299,12 @@ def build_atlas(
     seconds["checks"] = time.perf_counter() - start_time
     logger.info(
         "atlas: %d dictionaries, %d units (%d finished, %d for rank %d/%d)",
-        len(dictionaries), len(units), len(done), len(mine), rank, world,
+        len(dictionaries),
+        len(units),
+        len(done),
+        len(mine),
+        rank,
+        world,
     )
     if mine:
         _build_units(model, mine, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress)
@@ -306,7 +316,16 @@ def build_atlas(
     result = AtlasResult(out=str(out), model_name=str(model.cfg.model_name), rank=rank, world=world)
     if rank == 0:
         t0 = time.perf_counter()
-        _assemble(model, cfg, dictionaries, units, attached, out, result, int(tokens[:, cfg.exclude_first_positions :].numel()))
+        _assemble(
+            model,
+            cfg,
+            dictionaries,
+            units,
+            attached,
+            out,
+            result,
+            int(tokens[:, cfg.exclude_first_positions :].numel()),
+        )
         seconds["site"] = time.perf_counter() - t0
     if world > 1:
         import torch.distributed as dist
@@ -335,7 +354,9 @@ def _attached(cfg: AtlasConfig, dictionaries: list[AtlasDictionary]) -> dict[str
     for item in cfg.attach:
         name, _, folder = item.partition("=")
         if name.strip() not in by_name:
-            raise InputError(f"--attach {item!r}: no dictionary {name.strip()!r} in this atlas; use one of {sorted(by_name)}.")
+            raise InputError(
+                f"--attach {item!r}: no dictionary {name.strip()!r} in this atlas; use one of {sorted(by_name)}."
+            )
         out.setdefault(by_name[name.strip()], []).append(load_any_result(Path(folder.strip())))
     return out
 
@@ -397,7 +418,12 @@ class _Quality:
             ev = 1.0 - self.err / total if total > 0 else float("nan")
         d = self.d
         return DictionaryQuality(
-            d.slug, d.label, d.kind, d.spec, d.layer, d.d_sae,
+            d.slug,
+            d.label,
+            d.kind,
+            d.spec,
+            d.layer,
+            d.d_sae,
             l0=self.active / max(self.positions, 1),
             alive=float(self.fired.float().mean()),
             explained_variance=ev,
@@ -431,7 +457,7 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
     def grab(act, hook):
         captured[hook.name] = act
 
-    finals = [h for h in hooks if h.startswith("ln_final") or h.startswith("unembed")]
+    finals = [h for h in hooks if h.startswith(("ln_final", "unembed"))]
     stop = None if finals else stop_layer(hooks)
     bar = tqdm(range(0, tokens.shape[0], cfg.batch_size), desc="atlas: forward pass", disable=not progress)
     for start in bar:
@@ -439,7 +465,9 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
         model.run_with_hooks(batch, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
         for slug, d in dicts.items():
             acts = encode(d, captured[d.sae.cfg.metadata.hook_name])
-            collectors[slug].update(acts[..., collectors[slug].ids.to(acts.device)], start, d.d_sae, cfg.exclude_first_positions)
+            collectors[slug].update(
+                acts[..., collectors[slug].ids.to(acts.device)], start, d.d_sae, cfg.exclude_first_positions
+            )
             if slug in qualities:
                 qualities[slug].update(acts, captured.get(d.write_hook), cfg.exclude_first_positions)
         captured.clear()
@@ -451,7 +479,7 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
     collectors, qualities = _forward_pass(model, units, cfg, tokens, out, progress)
     seconds["forward_pass"] = time.perf_counter() - t0
     for slug, quality in qualities.items():
-        _guard_disk(lambda q=quality, s=slug: q.result().save(out / "results" / s), out)
+        _guard_disk(out, quality.result().save, out / "results" / slug)
     t0 = time.perf_counter()
     links = neuron_links(model, dictionaries, cfg.n_links)
     readouts = {d.slug: readout_tokens(d, cfg.n_links) for d in dictionaries if d.kind == "readout"}
@@ -477,14 +505,26 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
         if lens is not None:
             sigs = unit_signatures(lens, model, d, unit.ids, cfg.k_tokens, _basis(d, cfg, model))
         records = unit_records(
-            stats, sigs, tokens, getattr(model, "tokenizer", None),
-            n_bands=cfg.n_bands, band_examples=cfg.band_examples, before=cfg.context_before, after=cfg.context_after,
-            skip=cfg.exclude_first_positions, k_tokens=cfg.k_tokens, links=links.get(d.slug),
+            stats,
+            sigs,
+            tokens,
+            getattr(model, "tokenizer", None),
+            n_bands=cfg.n_bands,
+            band_examples=cfg.band_examples,
+            before=cfg.context_before,
+            after=cfg.context_after,
+            skip=cfg.exclude_first_positions,
+            k_tokens=cfg.k_tokens,
+            links=links.get(d.slug),
             readout=readouts.get(d.slug),
         )
-        meta = {"fingerprint": unit.fingerprint, "ids": unit.ids.tolist(), "postings": records.postings,
-                "n_positions": stats.n_positions}
-        _guard_disk(lambda: write_shard(out, d.slug, unit.start, records.strings, records.features, meta), out)
+        meta = {
+            "fingerprint": unit.fingerprint,
+            "ids": unit.ids.tolist(),
+            "postings": records.postings,
+            "n_positions": stats.n_positions,
+        }
+        _guard_disk(out, write_shard, out, d.slug, unit.start, records.strings, records.features, meta)
     seconds["signatures_and_shards"] = time.perf_counter() - t0
 
 
@@ -495,9 +535,10 @@ def _basis(d: AtlasDictionary, cfg: AtlasConfig, model) -> str:
     return "identity" if n >= model.cfg.d_model else "features"
 
 
-def _guard_disk(write, out: Path) -> None:
+def _guard_disk(out: Path, write, *args) -> None:
+    """``write(*args)``; a full disk becomes an InputError that says the finished shards are kept."""
     try:
-        write()
+        write(*args)
     except OSError as err:
         if err.errno != errno.ENOSPC:
             raise
@@ -530,15 +571,27 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
         total += n
         sections = []
         quality_dir = out / "results" / d.slug
-        presented = ([DictionaryQuality.load(quality_dir)] if (quality_dir / "result.json").is_file() else [])
+        presented = [DictionaryQuality.load(quality_dir)] if (quality_dir / "result.json").is_file() else []
         for item in presented + attached.get(d.slug, []):
             sections.append(_section(item))
-        entries.append({
-            "slug": d.slug, "label": d.label, "kind": d.kind, "spec": d.spec, "layer": d.layer, "d_sae": d.d_sae,
-            "n_features": n, "shards": ranges, "read_hook": d.read_hook, "write_hook": d.write_hook,
-            "sections": sections,
-        })
-        result.dictionaries.append({"slug": d.slug, "label": d.label, "kind": d.kind, "layer": d.layer, "n_features": n})
+        entries.append(
+            {
+                "slug": d.slug,
+                "label": d.label,
+                "kind": d.kind,
+                "spec": d.spec,
+                "layer": d.layer,
+                "d_sae": d.d_sae,
+                "n_features": n,
+                "shards": ranges,
+                "read_hook": d.read_hook,
+                "write_hook": d.write_hook,
+                "sections": sections,
+            }
+        )
+        result.dictionaries.append(
+            {"slug": d.slug, "label": d.label, "kind": d.kind, "layer": d.layer, "n_features": n}
+        )
     index = {
         "format": FORMAT,
         "model": _model_record(model),
@@ -564,11 +617,16 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
     result.bytes_gzip = sum(len(gzip.compress(p.read_bytes(), 6)) for p in (out / "data").rglob("*.js"))
 
 
+def _finite(value: Any) -> Any:
+    """NaN and ±inf as None (the data files are strict JSON)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def _section(item) -> dict[str, Any]:
     """A result as the page shows it: only through the presentation interface (scalars and tables)."""
     tables = {}
     for name, table in item.tables().items():
         columns, rows = table.lists()
-        tables[name] = {"columns": columns, "rows": rows}
-    scalars = {k: (None if v != v else v) for k, v in item.scalars().items()}
+        tables[name] = {"columns": columns, "rows": [[_finite(v) for v in row] for row in rows]}
+    scalars = {k: _finite(v) for k, v in item.scalars().items()}
     return {"title": item.title or type(item).__name__, "scalars": scalars, "tables": tables}

@@ -127,7 +127,9 @@ def load_atlas_dictionaries(model: HookedTransformer, sources: list[DictionarySo
         layer = model.cfg.n_layers if layer is None else layer
         set_name = _set_name(source, kind)
         label = f"{kind} L{layer}" + ("" if set_name in ("ffkv", "tlql-res", "tlql-tc") else f" {set_name}")
-        loaded.append(AtlasDictionary(f"{layer}-{set_name}", label, kind, source.spec, layer, sae, read_hook, write_hook))
+        loaded.append(
+            AtlasDictionary(f"{layer}-{set_name}", label, kind, source.spec, layer, sae, read_hook, write_hook)
+        )
     slugs = [d.slug for d in loaded]
     twice = sorted({s for s in slugs if slugs.count(s) > 1})
     if twice:

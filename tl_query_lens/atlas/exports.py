@@ -22,6 +22,7 @@ frontend reads (``index``, ``examples_quantiles``, ``top_logits``, ``bottom_logi
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import re
 from pathlib import Path
@@ -52,7 +53,7 @@ def _write_gz(path: Path, rows: list[dict]) -> None:
 
 
 def _centres(edges: list[float]) -> list[float]:
-    return [sig_round((a + b) / 2) for a, b in zip(edges[:-1], edges[1:])]
+    return [sig_round((a + b) / 2) for a, b in itertools.pairwise(edges)]
 
 
 def _context_values(ctx: dict, scale: float) -> list[float]:
@@ -162,15 +163,51 @@ def export_all(out: Path, model, entries: list[dict]) -> Path:
     release = f"tlql-atlas-{mid}"
     sets = sorted({e["slug"].split("-", 1)[1] for e in entries})
     top = {
-        "release.jsonl": [{"name": release, "description": "tl_query_lens feature atlas", "creatorName": CREATOR,
-                           "creatorId": CREATOR, "urls": []}],
-        "model.jsonl": [{"id": mid, "displayName": str(model.cfg.model_name), "displayNameShort": mid,
-                         "creatorId": CREATOR, "tlensId": str(model.cfg.model_name), "dimension": model.cfg.d_model,
-                         "layers": model.cfg.n_layers, "neuronsPerLayer": model.cfg.d_mlp or 0, "owner": CREATOR}],
-        "sourceset.jsonl": [{"modelId": mid, "name": s, "description": s, "creatorName": CREATOR, "creatorId": CREATOR,
-                             "releaseName": release, "urls": []} for s in sets],
-        "source.jsonl": [{"id": e["slug"], "modelId": mid, "setName": e["slug"].split("-", 1)[1], "creatorId": CREATOR,
-                          "hasDashboards": True, "notes": e["label"]} for e in entries],
+        "release.jsonl": [
+            {
+                "name": release,
+                "description": "tl_query_lens feature atlas",
+                "creatorName": CREATOR,
+                "creatorId": CREATOR,
+                "urls": [],
+            }
+        ],
+        "model.jsonl": [
+            {
+                "id": mid,
+                "displayName": str(model.cfg.model_name),
+                "displayNameShort": mid,
+                "creatorId": CREATOR,
+                "tlensId": str(model.cfg.model_name),
+                "dimension": model.cfg.d_model,
+                "layers": model.cfg.n_layers,
+                "neuronsPerLayer": model.cfg.d_mlp or 0,
+                "owner": CREATOR,
+            }
+        ],
+        "sourceset.jsonl": [
+            {
+                "modelId": mid,
+                "name": s,
+                "description": s,
+                "creatorName": CREATOR,
+                "creatorId": CREATOR,
+                "releaseName": release,
+                "urls": [],
+            }
+            for s in sets
+        ],
+        "source.jsonl": [
+            {
+                "id": e["slug"],
+                "modelId": mid,
+                "setName": e["slug"].split("-", 1)[1],
+                "creatorId": CREATOR,
+                "hasDashboards": True,
+                "notes": e["label"],
+            }
+            for e in entries
+        ],
     }
     for name, rows in top.items():
         atomic_write_text(root / name, _jsonl(rows))

@@ -58,8 +58,16 @@ class UnitRecords:
     postings: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
-def _context(tokens: torch.Tensor, seq: int, acts: torch.Tensor, scale: float, before: int, after: int, skip: int,
-             strings: Strings) -> dict[str, Any]:
+def _context(
+    tokens: torch.Tensor,
+    seq: int,
+    acts: torch.Tensor,
+    scale: float,
+    before: int,
+    after: int,
+    skip: int,
+    strings: Strings,
+) -> dict[str, Any]:
     """One context: a window of tokens around the max token, with quantised activations."""
     acts = acts.float()
     valid = acts.clone()
@@ -67,9 +75,15 @@ def _context(tokens: torch.Tensor, seq: int, acts: torch.Tensor, scale: float, b
     peak = int(valid.argmax())
     lo, hi = max(0, peak - before), min(acts.shape[0], peak + after + 1)
     window = tokens[seq, lo:hi].tolist()
-    q = [int(round(1000 * float(a) / scale)) if scale > 0 else 0 for a in acts[lo:hi].tolist()]
-    return {"s": int(seq), "o": lo, "t": [strings(t) for t in window], "q": q, "m": peak - lo,
-            "v": sig_round(float(acts[peak]))}
+    q = [round(1000 * float(a) / scale) if scale > 0 else 0 for a in acts[lo:hi].tolist()]
+    return {
+        "s": int(seq),
+        "o": lo,
+        "t": [strings(t) for t in window],
+        "q": q,
+        "m": peak - lo,
+        "v": sig_round(float(acts[peak])),
+    }
 
 
 def unit_records(
@@ -104,7 +118,10 @@ def unit_records(
         counts = stats.hist[row].tolist()
         used = [i for i, c in enumerate(counts) if c]
         hist = (
-            {"edges": [sig_round(e, 3) for e in edges[used[0] : used[-1] + 2]], "counts": counts[used[0] : used[-1] + 1]}
+            {
+                "edges": [sig_round(e, 3) for e in edges[used[0] : used[-1] + 2]],
+                "counts": counts[used[0] : used[-1] + 1],
+            }
             if used
             else {"edges": [], "counts": []}
         )
@@ -123,14 +140,19 @@ def unit_records(
             record["sig"] = {}
             for name, lists in sigs.lists.items():
                 entry = {
-                    "top": [[strings(t), sig_round(s)] for t, s in zip(lists.top_ids[row, :k_tokens].tolist(),
-                                                                   lists.top_scores[row, :k_tokens].tolist())]
+                    "top": [
+                        [strings(t), sig_round(s)]
+                        for t, s in zip(
+                            lists.top_ids[row, :k_tokens].tolist(), lists.top_scores[row, :k_tokens].tolist()
+                        )
+                    ]
                 }
                 if lists.bottom_ids is not None and name in VALUE_METHODS:
                     entry["bottom"] = [
                         [strings(t), sig_round(s)]
-                        for t, s in zip(lists.bottom_ids[row, :k_tokens].tolist(),
-                                        lists.bottom_scores[row, :k_tokens].tolist())
+                        for t, s in zip(
+                            lists.bottom_ids[row, :k_tokens].tolist(), lists.bottom_scores[row, :k_tokens].tolist()
+                        )
                     ]
                 record["sig"][name] = entry
             if sigs.missing:
@@ -152,8 +174,13 @@ def unit_records(
 
 def _bands(stats, row, tokens, scale, n_bands, per_band, before, after, skip, strings) -> list[dict[str, Any]]:
     """Quantile bands of the sampled firing contexts: sorted by their maximum, cut into ``n_bands`` equal groups."""
-    keep = [(v, s, j) for j, (v, s, key) in enumerate(zip(stats.sample_val[row].tolist(), stats.sample_seq[row].tolist(),
-                                                         stats.sample_key[row].tolist())) if s >= 0 and key > float("-inf")]
+    keep = [
+        (v, s, j)
+        for j, (v, s, key) in enumerate(
+            zip(stats.sample_val[row].tolist(), stats.sample_seq[row].tolist(), stats.sample_key[row].tolist())
+        )
+        if s >= 0 and key > float("-inf")
+    ]
     keep.sort(key=lambda item: (-item[0], item[1]))
     if not keep:
         return []
@@ -169,8 +196,10 @@ def _bands(stats, row, tokens, scale, n_bands, per_band, before, after, skip, st
                 "name": f"quantile {b + 1}/{n_bands}",
                 "hi": sig_round(group[0][0]),
                 "lo": sig_round(group[-1][0]),
-                "ex": [_context(tokens, s, stats.sample_acts[row, j], scale, before, after, skip, strings)
-                       for _, s, j in shown],
+                "ex": [
+                    _context(tokens, s, stats.sample_acts[row, j], scale, before, after, skip, strings)
+                    for _, s, j in shown
+                ],
             }
         )
     return bands
