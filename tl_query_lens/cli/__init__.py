@@ -18,7 +18,18 @@ from collections.abc import Callable, Iterator
 
 __all__ = ["SUBCOMMANDS", "build_parser", "command", "main"]
 
-SUBCOMMANDS = ("ffkv", "query_lens", "ql_evaluate", "ql_channels", "readout", "certify", "saes", "demo", "reproduce")
+SUBCOMMANDS = (
+    "ffkv",
+    "query_lens",
+    "ql_evaluate",
+    "ql_channels",
+    "readout",
+    "certify",
+    "saes",
+    "demo",
+    "reproduce",
+    "atlas",
+)
 
 
 def command(subparsers, name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None]):

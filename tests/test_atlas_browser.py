@@ -1,0 +1,162 @@
+"""The atlas in real Chromium (Selenium): opens from file://, search within the 300 ms target, a feature page's
+contexts, histogram and signature tables, no console errors, no network requests, keyboard navigation.
+
+Skipped only where Chromium, chromedriver or selenium cannot be found (``.ci/run`` installs Debian's chromium and
+chromium-driver)."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import tiny_model, tiny_tokens
+from tl_query_lens.atlas import AtlasConfig, build_atlas
+
+selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium)")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs chromium and chromium-driver")
+
+SEARCH_TARGET_MS = 300
+
+
+@pytest.fixture(scope="module")
+def atlas(tmp_path_factory) -> Path:
+    model = tiny_model("gelu_ln")
+    out = tmp_path_factory.mktemp("atlas")
+    cfg = AtlasConfig(out=out, dictionary=("ffkv:1", "ffkv:2"), n_tokens=40 * 16, seq_len=16, shard_size=32)
+    tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=16)
+    build_atlas(model, None, cfg, tokens=tokens, operator_tokens=tiny_tokens(model, 2, 8, seed=1), progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1400"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _open(browser, atlas: Path, route: str = "") -> None:
+    browser.get((atlas / "index.html").as_uri() + route)
+    browser.get_log("browser")
+
+
+def _requests(browser) -> list[str]:
+    urls = []
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def _wait(browser, css: str, timeout: float = 5.0):
+    from selenium.webdriver.common.by import By
+
+    end = time.time() + timeout
+    while time.time() < end:
+        found = browser.find_elements(By.CSS_SELECTOR, css)
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{css} did not appear")
+
+
+def test_index_loads_from_file_url_with_every_dictionary(browser, atlas):
+    _open(browser, atlas)
+    table = _wait(browser, "#dictionaries")[0].text
+    assert "ffkv L1" in table and "ffkv L2" in table and "64 / 64" in table
+
+
+def test_token_search_answers_within_the_target(browser, atlas):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    shard = json.loads((atlas / "shards" / "1-ffkv" / "0.json").read_text())
+    feature = shard["features"][5]
+    token = shard["strings"][feature["sig"]["QL_VALUE"]["top"][0][0]]  # a token this feature promotes most
+    _open(browser, atlas)
+    box = browser.find_element(By.ID, "search")
+    box.send_keys(token, Keys.ENTER)
+    links = [a.get_attribute("href") for a in _wait(browser, "#results a")]
+    assert any(h.endswith("#f/1-ffkv/5") for h in links)
+    elapsed = browser.execute_script("return window.ATLAS_LAST_SEARCH_MS")
+    assert elapsed < SEARCH_TARGET_MS
+    in_page = browser.execute_script(f"var t=performance.now(); ATLAS.runSearch({json.dumps(token)}); return performance.now()-t")
+    assert in_page < SEARCH_TARGET_MS
+
+
+def test_feature_page_shows_contexts_histogram_and_signatures(browser, atlas):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, atlas, "#f/1-ffkv/5")
+    contexts = _wait(browser, "#top-contexts .ctx")
+    assert len(contexts) >= 5
+    colours = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#top-contexts .ctx span.t.peak'))"
+        ".map(s => getComputedStyle(s).backgroundColor)"
+    )
+    assert len(colours) == len(contexts) and all(c.startswith(("rgba(255, 140, 0", "rgb(255, 140, 0")) for c in colours)  # peaks shaded
+    assert browser.find_elements(By.CSS_SELECTOR, "#hist rect")
+    value = browser.find_element(By.ID, "value-top").text
+    assert "LL_VALUE" in value and "QL_VALUE" in value and "QL_INDIRECT" in value
+    assert "QL_KEY" in browser.find_element(By.ID, "key-top").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#value-top .score")  # a value beside every token
+    assert browser.find_elements(By.CSS_SELECTOR, "#shares tr")
+
+
+def test_no_console_errors_and_no_network_requests(browser, atlas):
+    _open(browser, atlas)
+    browser.get_log("performance")
+    for route in ("", "#d/1-ffkv", "#f/2-ffkv/7", "#q/3", "#f/1-ffkv/63"):
+        browser.get((atlas / "index.html").as_uri() + route)
+        time.sleep(0.2)
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert errors == []
+    off_disk = [u for u in _requests(browser) if not u.startswith("file://")]
+    assert off_disk == []
+
+
+def test_keyboard_navigation(browser, atlas):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    _open(browser, atlas, "#f/1-ffkv/5")
+    _wait(browser, "#top-contexts .ctx")
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    _wait(browser, "h1")
+    time.sleep(0.2)
+    assert browser.current_url.endswith("#f/1-ffkv/6")
+    ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
+    time.sleep(0.2)
+    assert browser.current_url.endswith("#f/1-ffkv/5")
+    ActionChains(browser).send_keys("/").perform()
+    assert browser.switch_to.active_element.get_attribute("id") == "search"
+    ActionChains(browser).send_keys("1-ffkv/9").perform()
+    time.sleep(0.3)
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    time.sleep(0.2)
+    direct = browser.find_elements(By.CSS_SELECTOR, "main a[href$='#f/1-ffkv/9']")
+    assert direct
+    _open(browser, atlas, "#q/3")
+    _wait(browser, "#results a")
+    browser.find_element(By.ID, "search").click()
+    ActionChains(browser).send_keys(Keys.ARROW_DOWN, Keys.ARROW_DOWN).perform()
+    second = browser.switch_to.active_element
+    assert second.get_attribute("href") == browser.find_elements(By.CSS_SELECTOR, "#results a")[1].get_attribute("href")
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    _wait(browser, "#top-contexts")
+    assert "#f/" in browser.current_url
