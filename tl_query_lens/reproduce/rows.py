@@ -203,6 +203,7 @@ ROWS: list[Row] = [
             "table1_saes",
             _table1(method, column),
             ci=(_table1(method, column + "_lo"), _table1(method, column + "_hi")),
+            tolerance=2.0,
         )
         for method, side, column, paper in (
             ("QL_KEY", "input", "input", "39.32"),
