@@ -164,6 +164,7 @@ ROWS: list[Row] = [
         "readout_paper",
         ("scalar", "coverage"),
         ci=(("scalar", "coverage_ci_lo"), ("scalar", "coverage_ci_hi")),
+        tolerance=0.02,
     ),
     Row("readout.rho0", READOUT, "rho0 median", "reported", "readout_paper", ("scalar", "rho0_median"), tolerance=0.02),
     Row(
