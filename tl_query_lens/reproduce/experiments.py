@@ -79,7 +79,7 @@ def certify_depth(model, size: Size, workdir: Path) -> SavableResult:
 def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
     """The authors' readout diagnostics on final-layer states with the shipped ``small`` readout SAE (§2)."""
     sae = SAE.from_pretrained(READOUT, "small", device=str(model.cfg.device))
-    n_seqs = 32 if size == "full" else 8
+    n_seqs = 32 if size == "full" else 16
     tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=17, split="evaluation")
     states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
     cfg = PaperReadoutConfig() if size == "full" else PaperReadoutConfig(max_states=64)
@@ -88,9 +88,9 @@ def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
 
 def table1_saes(model, size: Size, workdir: Path) -> SavableResult:
     """Query Lens Table 1 under the paper's protocol on the shipped residual SAEs' features (§3)."""
-    layers = SUITE_LAYERS if size == "full" else (12,)
+    layers = SUITE_LAYERS if size == "full" else (12, 24)
     saes = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
-    per_layer, n_seqs, n_prompts, n_generate = (13, 128, 2, 10) if size == "full" else (4, 32, 1, 5)
+    per_layer, n_seqs, n_prompts, n_generate = (13, 128, 2, 10) if size == "full" else (6, 48, 1, 5)
     cfg = Table1Config(
         protocol="paper",
         features_per_layer=per_layer,
@@ -140,7 +140,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "readout diagnostics, paper protocol, shipped 'small' readout SAE",
             readout_paper,
             PaperReadoutDiagnostics,
-            {"full": "32 x 17 final-layer states, 256 ablation states", "quick": "8 x 17 states, 64 ablation states"},
+            {"full": "32 x 17 final-layer states, 256 ablation states", "quick": "16 x 17 states, 64 ablation states"},
         ),
         Experiment(
             "table1_saes",
@@ -149,7 +149,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             SignatureEvaluation,
             {
                 "full": "layers 6/12/18/24 x 13 features, 128 x 32 tokens, 2 prompts x 10 tokens, 64 operator tokens",
-                "quick": "layer 12 x 4 features, 32 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
+                "quick": "layers 12/24 x 6 features, 48 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
             },
         ),
         Experiment(

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import InputError
 from tl_query_lens.presentation import Table
+from tl_query_lens.reproduce import rows as row_table
 from tl_query_lens.reproduce.experiments import EXPERIMENTS
 from tl_query_lens.reproduce.rows import Row, rows_for
 from tl_query_lens.results import SavableResult, atomic_write_text
@@ -141,9 +142,11 @@ def load_documented(path: Path | None = None) -> dict[str, dict[str, dict[str, A
 
 
 def _interval(row: Row, value: float, lo: float | None, hi: float | None) -> tuple[float, float]:
+    """value ± tolerance, widened to the CI [lo, hi] where the figure has one."""
+    low, high = value - row.tolerance, value + row.tolerance
     if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
-        return lo, hi
-    return value - row.tolerance, value + row.tolerance
+        low, high = min(low, lo), max(high, hi)
+    return low, high
 
 
 def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float]):
@@ -231,12 +234,15 @@ def _csv(columns: list[str], rows: list[list[Any]]) -> str:
 
 
 def record(result: Reproduction, rows: list[Row], path: Path | None = None) -> None:
-    """Write ``result``'s figures as the documented values of its size (interval: its CI, else ± tolerance)."""
+    """Write ``result``'s figures as the documented values of its size (interval: ± tolerance, widened to its CI);
+    entries of rows that no longer exist are dropped."""
     path = path or DOCUMENTED
     by_id = {r.id: r for r in rows}
     documented = load_documented(path)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    size = documented.setdefault(result.size, {})
+    known = {r.id for r in row_table.ROWS}  # entries of rows that no longer exist are dropped
+    size = {k: v for k, v in documented.get(result.size, {}).items() if k in known}
+    documented[result.size] = size
     for r in result.rows:
         if math.isnan(r["value"]):
             continue
