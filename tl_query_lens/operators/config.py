@@ -3,6 +3,8 @@ that computes operators (docs/design.md §4; docs/architecture.md, "Configs").""
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,3 +72,19 @@ class EngineConfig:
     def dtype(self) -> torch.dtype | None:
         """``sweep_dtype`` as a ``torch.dtype`` (None: the model's own)."""
         return None if self.sweep_dtype is None else SWEEP_DTYPES[str(self.sweep_dtype)]
+
+
+def fold_flat_engine_options(owner: str, engine: EngineConfig, **flat: object) -> EngineConfig:
+    """``engine`` with the deprecated flat options of a config (``Table1Config(chunk=16)``, before the engine's options
+    moved into ``engine``) folded in, and a ``DeprecationWarning`` that names the new spelling; None means not given."""
+    given = {name: value for name, value in flat.items() if value is not None}
+    if not given:
+        return engine
+    spelled = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    warnings.warn(
+        f"{owner}({spelled}) is deprecated: the engine's options moved to {owner}(engine=EngineConfig({spelled})); "
+        "keyword overrides of the methods (evaluate_table1(..., chunk=16)) reach them as before.",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return dataclasses.replace(engine, **given)  # type: ignore[arg-type]
