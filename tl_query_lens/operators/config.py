@@ -74,7 +74,7 @@ class EngineConfig:
         return None if self.sweep_dtype is None else SWEEP_DTYPES[str(self.sweep_dtype)]
 
 
-def fold_flat_engine_options(owner: str, engine: EngineConfig, **flat: object) -> EngineConfig:
+def fold_flat_engine_options(owner: str, engine: EngineConfig, flat: dict[str, object]) -> EngineConfig:
     """``engine`` with the deprecated flat options of a config (``Table1Config(chunk=16)``, before the engine's options
     moved into ``engine``) folded in, and a ``DeprecationWarning`` that names the new spelling; None means not given."""
     given = {name: value for name, value in flat.items() if value is not None}

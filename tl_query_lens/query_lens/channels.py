@@ -383,7 +383,9 @@ class SubspaceChannelsConfig(ChannelConfig):
     ) -> None:
         super().__post_init__()
         self.engine = fold_flat_engine_options(
-            "SubspaceChannelsConfig", self.engine, skip_positions=skip_positions, chunk=chunk, cache_dir=cache_dir
+            "SubspaceChannelsConfig",
+            self.engine,
+            {"skip_positions": skip_positions, "chunk": chunk, "cache_dir": cache_dir},
         )
         if self.operator_layers is not None:
             self.operator_layers = tuple(int(k) for k in self.operator_layers)

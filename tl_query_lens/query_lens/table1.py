@@ -75,7 +75,7 @@ class Table1Config(EvaluationConfig):
     ) -> None:
         super().__post_init__()
         self.engine = fold_flat_engine_options(
-            "Table1Config", self.engine, skip_positions=skip_positions, chunk=chunk, cache_dir=cache_dir
+            "Table1Config", self.engine, {"skip_positions": skip_positions, "chunk": chunk, "cache_dir": cache_dir}
         )
         self.methods = tuple(self.methods)
         self.features = None if self.features is None else tuple(int(f) for f in self.features)
