@@ -152,3 +152,15 @@ def test_keywords_reach_the_nested_engine_config():
     assert resolve_config(QueryLensConfig, None, {"engine": engine, "progress": False}).engine == EngineConfig(
         chunk=4, progress=False
     )
+
+
+def test_the_flat_engine_options_of_a_config_still_work_with_a_deprecation_warning():
+    """The spelling before EngineConfig: ``Table1Config(chunk=16)`` is ``Table1Config(engine=EngineConfig(chunk=16))``."""
+    from tl_query_lens.query_lens.channels import SubspaceChannelsConfig
+
+    with pytest.warns(DeprecationWarning, match=r"engine=EngineConfig\(chunk=16, cache_dir='ops'\)"):
+        old = Table1Config(chunk=16, cache_dir="ops")
+    assert old == Table1Config(engine=EngineConfig(chunk=16, cache_dir="ops"))
+    with pytest.warns(DeprecationWarning, match="SubspaceChannelsConfig"):
+        channels = SubspaceChannelsConfig(skip_positions=1)
+    assert channels.engine == EngineConfig(skip_positions=1)

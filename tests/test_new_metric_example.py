@@ -1,10 +1,10 @@
 """The worked example of docs/architecture.md, "Adding an SAE metric": a new per-dictionary number reaches the
 result's table, its CSV, W&B and the HTML report card by declaring it once on the result class.
 
-The example metric is ``ce_delta = ce_spliced − ce_clean`` (nats). In the package the change is two lines of
-``saes/report.py`` (the value in ``suite_quality``'s row, its type in ``SuiteQuality.COLUMN_TYPES``, its name in
-``HEADLINE``) and one test; here the same two declarations are made on a subclass so that the test runs against the
-unchanged package."""
+The example metric is ``ce_delta = ce_spliced − ce_clean`` (nats), which ``SpliceStats.metrics()`` already computes.
+In the package the change is two lines of ``saes/report.py`` (its name in ``COLUMNS``, from which the row of
+``suite_quality`` and the column's type in ``SuiteQuality.COLUMN_TYPES`` follow, and in ``HEADLINE``) and one test;
+here the same declarations are made on a subclass so that the test runs against the unchanged package."""
 
 from __future__ import annotations
 

@@ -56,3 +56,18 @@ def test_readme_api_block_runs_on_the_embedded_model():
     exec(compile(readme_api_block(), str(README), "exec"), namespace)  # noqa: S102 (the point: run the README)
     _check(namespace)
     assert namespace["values"].top_strings is not None
+
+
+def test_readme_test_commands_are_the_ones_ci_runs():
+    """The README's test command and .ci/run's pytest invocations are the same commands, in the same order."""
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    readme = README.read_text(encoding="utf-8")
+    section = readme[readme.index("## The two commands") :]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    assert block, "README.md has no ```bash block under '## The two commands'"
+    pattern = r"python -m pytest[^&#\n]*"
+    ci_commands = [
+        c.strip() for line in ci.splitlines() if not line.lstrip().startswith("#") for c in re.findall(pattern, line)
+    ]
+    readme_commands = [c.strip() for c in re.findall(pattern, block.group(1))]
+    assert readme_commands == ci_commands and len(ci_commands) == 2

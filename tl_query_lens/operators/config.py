@@ -3,11 +3,15 @@ that computes operators (docs/design.md §4; docs/architecture.md, "Configs").""
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import torch
 
+from tl_query_lens.config import check_ranges
 from tl_query_lens.errors import InputError
 
 #: Dtypes a sweep may run in (``EngineConfig.sweep_dtype``), by name.
@@ -49,7 +53,15 @@ class EngineConfig:
     sweep_dtype: str | torch.dtype | None = None
     sweep_autocast: bool = False
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "skip_positions": "[0, inf)",
+        "chunk": "[1, inf)",
+        "batch_size": "[1, inf)",
+        "max_memory_gb": "(0, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         if isinstance(self.sweep_dtype, torch.dtype):
             self.sweep_dtype = str(self.sweep_dtype).replace("torch.", "")
         if self.sweep_dtype is not None and self.sweep_dtype not in SWEEP_DTYPES:
@@ -70,3 +82,19 @@ class EngineConfig:
     def dtype(self) -> torch.dtype | None:
         """``sweep_dtype`` as a ``torch.dtype`` (None: the model's own)."""
         return None if self.sweep_dtype is None else SWEEP_DTYPES[str(self.sweep_dtype)]
+
+
+def fold_flat_engine_options(owner: str, engine: EngineConfig, flat: dict[str, object]) -> EngineConfig:
+    """``engine`` with the deprecated flat options of a config (``Table1Config(chunk=16)``, before the engine's options
+    moved into ``engine``) folded in, and a ``DeprecationWarning`` that names the new spelling; None means not given."""
+    given = {name: value for name, value in flat.items() if value is not None}
+    if not given:
+        return engine
+    spelled = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    warnings.warn(
+        f"{owner}({spelled}) is deprecated: the engine's options moved to {owner}(engine=EngineConfig({spelled})); "
+        "keyword overrides of the methods (evaluate_table1(..., chunk=16)) reach them as before.",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return dataclasses.replace(engine, **given)  # type: ignore[arg-type]

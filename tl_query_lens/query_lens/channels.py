@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -29,6 +29,7 @@ from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_finite
 from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.operators import EngineConfig, module_operators
+from tl_query_lens.operators.config import fold_flat_engine_options
 from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
@@ -383,6 +384,10 @@ class SubspaceChannelsConfig(ChannelConfig):
 
     operator_layers: tuple[int, ...] | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Deprecated spellings of engine.skip_positions / engine.chunk / engine.cache_dir (folded into engine).
+    skip_positions: InitVar[int | None] = None
+    chunk: InitVar[int | None] = None
+    cache_dir: InitVar[str | None] = None
 
     RANGES: ClassVar[dict[str, str]] = {
         "rank": "[1, inf)",
@@ -393,12 +398,17 @@ class SubspaceChannelsConfig(ChannelConfig):
         "init_std": "[0, inf)",
         "n_permutations": "[0, inf)",
         "operator_layers": "[0, inf)",
-        "skip_positions": "[0, inf)",
-        "chunk": "[1, inf)",
     }
 
-    def __post_init__(self) -> None:
-        super().__post_init__()  # checks RANGES (this class's) too
+    def __post_init__(  # type: ignore[override]
+        self, skip_positions: int | None, chunk: int | None, cache_dir: str | None
+    ) -> None:
+        super().__post_init__()
+        self.engine = fold_flat_engine_options(
+            "SubspaceChannelsConfig",
+            self.engine,
+            {"skip_positions": skip_positions, "chunk": chunk, "cache_dir": cache_dir},
+        )
         if self.operator_layers is not None:
             self.operator_layers = tuple(int(k) for k in self.operator_layers)
             if not self.operator_layers:

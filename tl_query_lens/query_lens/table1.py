@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -22,6 +22,7 @@ from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError
 from tl_query_lens.operators import EngineConfig
+from tl_query_lens.operators.config import fold_flat_engine_options
 from tl_query_lens.query_lens.evaluation import EvaluationConfig, SignatureEvaluation, evaluate_signatures
 from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
@@ -63,6 +64,10 @@ class Table1Config(EvaluationConfig):
     exclude_first_positions: int = 0
     methods: tuple[str, ...] = tuple(SIGNATURE_METHODS)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Deprecated spellings of engine.skip_positions / engine.chunk / engine.cache_dir (folded into engine).
+    skip_positions: InitVar[int | None] = None
+    chunk: InitVar[int | None] = None
+    cache_dir: InitVar[str | None] = None
     up_key: bool = False
 
     RANGES: ClassVar[dict[str, str]] = {
@@ -78,12 +83,15 @@ class Table1Config(EvaluationConfig):
         "features_per_layer": "[1, inf)",
         "features": "[0, inf)",
         "exclude_first_positions": "[0, inf)",
-        "skip_positions": "[0, inf)",
-        "chunk": "[1, inf)",
     }
 
-    def __post_init__(self) -> None:
-        super().__post_init__()  # checks RANGES (this class's) too
+    def __post_init__(  # type: ignore[override]
+        self, skip_positions: int | None, chunk: int | None, cache_dir: str | None
+    ) -> None:
+        super().__post_init__()
+        self.engine = fold_flat_engine_options(
+            "Table1Config", self.engine, {"skip_positions": skip_positions, "chunk": chunk, "cache_dir": cache_dir}
+        )
         self.methods = tuple(self.methods)
         self.features = None if self.features is None else tuple(int(f) for f in self.features)
         unknown = [m for m in self.methods if m not in SIGNATURE_METHODS]
