@@ -4,6 +4,7 @@ operator sweep, Python's own JSON parser, the file system), never against the co
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -463,3 +464,59 @@ def test_non_finite_values_round_trip_through_standard_json(tmp_path):
 
     back = read_json(path)
     assert back["a"] == math.inf and back["b"] == [-math.inf, 1.5] and math.isnan(back["c"]["d"])
+
+
+# --- every subcommand ------------------------------------------------------------------------------------------------
+
+from tests.test_cli_fuzz import COMMANDS  # the parsers of every subcommand, read once
+
+
+def _has(name: str, dest: str) -> bool:
+    return any(a.dest == dest for a in COMMANDS[name][0]._actions)
+
+
+CASES = {
+    "out_under_proc": ("out", lambda tmp, paths: ["--out", "/proc/tlql-out"], "under /proc"),
+    "out_name_too_long": ("out", lambda tmp, paths: ["--out", str(tmp / ("d" * 300))], "255"),
+    "out_locked": ("out", lambda tmp, paths: ["--out", str(tmp / "locked")], "being written by"),
+    "wandb_mode_garbage": ("wandb", lambda tmp, paths: ["--out", str(tmp / "o")], "WANDB_MODE='garbage'"),
+    "corpus_fifo": ("corpus", lambda tmp, paths: ["--corpus", paths["fifo"]], "not a regular file"),
+    "corpus_dev_zero": ("corpus", lambda tmp, paths: ["--corpus", "/dev/zero"], "not a regular file"),
+    "corpus_null_text": ("corpus", lambda tmp, paths: ["--corpus", paths["null"]], "not a string"),
+    "corpus_number_text": ("corpus", lambda tmp, paths: ["--corpus", paths["number"]], "not a string"),
+    "seed_negative": ("seed", lambda tmp, paths: ["--seed", "-1"], "--seed must be ≥ 0"),
+}
+EVERY = [(case, name) for case, (dest, _, _) in CASES.items() for name in sorted(COMMANDS) if _has(name, dest)]
+
+
+@pytest.fixture
+def bad_corpora(tmp_path):
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    (tmp_path / "null.jsonl").write_text('{"text": "fine"}\n{"text": null}\n')
+    (tmp_path / "number.jsonl").write_text('{"text": 12345}\n')
+    return {"fifo": str(fifo), "null": str(tmp_path / "null.jsonl"), "number": str(tmp_path / "number.jsonl")}
+
+
+@pytest.mark.parametrize("case,name", EVERY, ids=[f"{c}-{n.replace(' ', '_')}" for c, n in EVERY])
+def test_every_subcommand_refuses_before_loading_a_model(case, name, tmp_path, bad_corpora, monkeypatch, capsys):
+    import tl_query_lens.models
+    from tl_query_lens import demo
+
+    for module in (tl_query_lens, tl_query_lens.models, demo):
+        monkeypatch.setattr(module, "load_model", _no_model)
+    _dest, extra, expected = CASES[case]
+    argv = [*name.split(), *extra(tmp_path, bad_corpora)]
+    if case == "wandb_mode_garbage":
+        monkeypatch.setenv("WANDB_MODE", "garbage")
+    elif _has(name, "wandb"):
+        argv.append("--no-wandb")
+    if _has(name, "out") and "--out" not in argv:
+        argv += ["--out", str(tmp_path / "o")]
+    if _has(name, "prompt"):
+        argv.append("The capital of France is")
+    with folder_lock(tmp_path / "locked") if case == "out_locked" else contextlib.nullcontext():
+        assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert expected in lines[0] and len(lines) <= 2 and "Traceback" not in err, (argv, err)

@@ -61,7 +61,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from tl_query_lens.cli.checks import check_device, check_model_name
+    from tl_query_lens.cli.checks import check_corpus, check_device, check_model_name
     from tl_query_lens.cli.common import load_model
     from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.saes.train import SAESuiteConfig, train_saes
@@ -70,6 +70,7 @@ def run_train(args: argparse.Namespace) -> int:
     run_cfg = build(RunConfig, args, exclude=("n_seqs", "seq_len"), model=cfg.model, corpus=cfg.corpus, seed=cfg.seed)
     dims = check_model_name(cfg.model)
     check_device(run_cfg.device)
+    check_corpus(cfg.corpus)
     layers = ",".join(map(str, cfg.layers))
     parse_layers(layers, dims.n_layers if dims else None)
     model = load_model(run_cfg)
