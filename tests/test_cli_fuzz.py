@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import math
 import os
 import sys
@@ -118,7 +119,7 @@ def out_of_range(argv: list[str], name: str) -> list[str]:
     """The options of ``argv`` whose number lies outside the range of the config that made the option."""
     parser, ranges = COMMANDS[name]
     bad = []
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in itertools.pairwise(argv):
         action = parser._option_string_actions.get(flag)
         if action is None or action.dest not in ranges or action.type not in (int, float):
             continue

@@ -21,7 +21,7 @@ from tl_query_lens.config import in_interval, parse_interval
 
 
 def cli_configs() -> list[type]:
-    import tl_query_lens.cli as cli
+    from tl_query_lens import cli
     from tl_query_lens.cli import options
 
     seen: dict[type, None] = {}

@@ -116,7 +116,7 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
             )
             if not good:
                 shown = f" (item {item!r})" if items is value else ""
-                raise InputError(f"{name} must be {describe_interval(interval, item)}, got {value!r}{shown}.")
+                raise InputError(f"{name} must {describe_interval(interval, item)}, got {value!r}{shown}.")
 
 
 @cache
@@ -145,19 +145,21 @@ def _number(x: float) -> str:
 
 
 def describe_interval(text: str, value: Any = None) -> str:
-    """``"[1, inf)"`` → ``"≥ 1"``; ``"(0, 1]"`` → ``"in (0, 1]"``; with ``value``, the bound it breaks first
-    (``"≤ 4096 (range [1, 4096])"``)."""
+    """What a value must do to lie in ``text``, after "must": ``"[1, inf)"`` → ``"be ≥ 1"``; ``"(0, 1)"`` → ``"lie
+    strictly between 0 and 1"``; with ``value``, the bound it breaks (``"be ≤ 4096 (range [1, 4096])"``)."""
     lo, hi, lo_in, hi_in = parse_interval(text)
     low = f"{'≥' if lo_in else '>'} {_number(lo)}"
     high = f"{'≤' if hi_in else '<'} {_number(hi)}"
     if math.isinf(lo) and math.isinf(hi):
-        return "a finite number"
+        return "be a finite number"
     if math.isinf(hi):
-        return low
+        return f"be {low}"
     if math.isinf(lo):
-        return high
+        return f"be {high}"
+    if not lo_in and not hi_in:
+        return f"lie strictly between {_number(lo)} and {_number(hi)}"
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
         if not (lo < value or (lo_in and value == lo)):
-            return f"{low} (range {text})"
-        return f"{high} (range {text})"
-    return f"in {text}"
+            return f"be {low} (range {text})"
+        return f"be {high} (range {text})"
+    return f"be in {text}"

@@ -16,6 +16,8 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 
+from tl_query_lens.cli import options_cache
+
 __all__ = ["SUBCOMMANDS", "build_parser", "command", "main"]
 
 SUBCOMMANDS = (
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     choices = subcommands(parser)
     name = next((word for word in argv if word in choices), None)  # the subcommand named: configure it alone
     if name is not None:
-        configure(choices[name])
+        options_cache.configure_cached(parser, name)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose or debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
@@ -94,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     from tl_query_lens.errors import InputError  # light: torch is imported by the command itself
 
     command = " ".join(c for c in (args.command, getattr(args, "action", None)) if c)
+    out_of_range = options_cache.check_ranges(parser, args)  # before any config (and torch) is imported
+    if out_of_range:
+        print(f"tlql {command}: error: {out_of_range}", file=sys.stderr)
+        print("(add --debug to see the traceback)", file=sys.stderr)
+        return 2
     try:
         with interrupts.catch_signals(), _output_folder(args):
             return int(args.func(args) or 0)

@@ -4,6 +4,7 @@ paper's comparison (``compare``)."""
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass, fields
 
 from tl_query_lens.cli import command, configure, saes_compare, saes_report
@@ -39,7 +40,13 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
     saes_report.add_parser(actions)
     for action in actions.choices.values():
         configure(action)
-    parser.set_defaults(func=lambda args: parser.print_help() or 0)
+    parser.set_defaults(func=functools.partial(print_help, parser))
+
+
+def print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``tlql saes`` without an action: its help."""
+    parser.print_help()
+    return 0
 
 
 def configure_train(parser: argparse.ArgumentParser) -> None:
@@ -49,19 +56,21 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
     taken = add_options(parser, RunConfig, skip=device, defaults={"device": "cpu"})
     taken = add_options(parser, SAESuiteConfig, taken=taken, aliases={"batch_size_tokens": "--batch-size"})
     add_options(parser, TrainOptions, taken=taken)
+    parser.tlql_ranges["n_seqs"] = "[0, inf)"  # type: ignore[attr-defined]  (--n-seqs 0: every window)
     parser.set_defaults(func=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from tl_query_lens.cli.checks import check_device, check_model_name
+    from tl_query_lens.cli.checks import check_corpus, check_device, check_model_name
     from tl_query_lens.cli.common import load_model
     from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.saes.train import SAESuiteConfig, train_saes
 
     cfg = build(SAESuiteConfig, args, n_seqs=args.n_seqs or None)  # --n-seqs 0: every window of the train split
-    run_cfg = build(RunConfig, args, model=cfg.model, corpus=cfg.corpus, seed=cfg.seed)
+    run_cfg = build(RunConfig, args, exclude=("n_seqs", "seq_len"), model=cfg.model, corpus=cfg.corpus, seed=cfg.seed)
     dims = check_model_name(cfg.model)
     check_device(run_cfg.device)
+    check_corpus(cfg.corpus)
     layers = ",".join(map(str, cfg.layers))
     parse_layers(layers, dims.n_layers if dims else None)
     model = load_model(run_cfg)

@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import InputError, InputTypeError, OutOfRangeError, check_dictionary_finite
+from tl_query_lens.errors import InputError, InputTypeError, check_dictionary_finite, check_ids
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer, refuse_norm_after_only, residual_hook_of
 
 _LINEAR_NORMS = {"none", "expected_average_only_in"}  # no per-token factor at run time
@@ -133,17 +133,12 @@ class KeyValueView:
         return self.dictionary.encode(x)
 
     def feature_ids(self, features: int | Sequence[int] | torch.Tensor | None) -> Int[torch.Tensor, " n"]:
-        """Validate feature ids (None = all) and return them as a LongTensor."""
+        """Validate feature ids (None = all) and return them as a LongTensor: integers only (no floats, which would
+        be truncated, no boolean masks, which would become ids 0 / 1), each in ``0..d_sae-1``."""
         if features is None:
             return torch.arange(self.d_sae)
-        ids = torch.as_tensor(features, dtype=torch.long).reshape(-1)
-        bad = ids[(ids < 0) | (ids >= self.d_sae)]
-        if bad.numel():
-            raise OutOfRangeError(
-                f"Feature ids {bad.tolist()[:10]} are out of range for a dictionary of {self.d_sae} features "
-                f"(valid: 0..{self.d_sae - 1})."
-            )
-        return ids
+        ids = check_ids(features, self.d_sae, f"Feature ids (of a dictionary of {self.d_sae} features)")
+        return torch.tensor(ids, dtype=torch.long)
 
 
 def _sae_activation(sae: SAE) -> str:
