@@ -22,7 +22,7 @@ from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.readout import cached_sae_path, decompose, feature_labels, fit_readout, top1_vs_competitor
 from tl_query_lens.readout.registry import READOUT_RELEASES
 from tl_query_lens.report.html import FeatureCard, Section, TokenList, build_report
-from tl_query_lens.report.neuronpedia import export_neuronpedia, neuronpedia_features
+from tl_query_lens.report.tokens import display_tokens, readable
 from tl_query_lens.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class DemoConfig:
         k: active features of that TopK proxy.
         seed: seed of the corpus windows and of the feature sample.
         use_wandb: log the run to W&B (offline unless WANDB_MODE says otherwise).
+        atlas_tokens: corpus tokens of the atlas pass behind the feature cards (their contexts and histograms).
     """
 
     out: Path = Path("results/demo")
@@ -70,6 +71,7 @@ class DemoConfig:
     n_eval: int = 1000
     seed: int = 0
     use_wandb: bool = True
+    atlas_tokens: int = 102_400
 
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
@@ -88,6 +90,7 @@ class DemoConfig:
             "cert_layer": 24,
             "n_cal": 32,
             "n_eval": 96,
+            "atlas_tokens": 4096,
         }
         return cls(**{**base, **overrides})
 
@@ -170,9 +173,10 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
 
         def lists(*names: str, row: int = row) -> list[TokenList]:
             return [
-                TokenList(n, sigs[n].top_strings[row], sigs[n].top_scores[row].tolist())  # type: ignore[index]
+                TokenList(
+                    n, display_tokens(model.tokenizer, sigs[n].top_ids[row].tolist()), sigs[n].top_scores[row].tolist()
+                )
                 for n in names
-                if sigs[n].top_strings is not None
             ]
 
         shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))  # type: ignore[index]
@@ -187,16 +191,28 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 "scores, signed; over the direct term and every downstream module they sum to "
                 "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
                 "shown)",
+                link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
-    records = neuronpedia_features(sigs["QL_VALUE"], key=sigs["QL_KEY"], model_id=model.cfg.model_name, sae_id="ffkv")
-    np_path = export_neuronpedia(cfg.out / "neuronpedia_features.json", records)
+    from tl_query_lens.atlas import AtlasConfig, build_atlas
+
+    atlas_cfg = AtlasConfig(
+        out=cfg.out / "atlas",
+        features=",".join(map(str, features.tolist())),
+        corpus=cfg.corpus,
+        seed=cfg.seed,
+        n_tokens=cfg.atlas_tokens,
+    )
+    atlas = build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
+    np_path = Path(atlas.out) / "exports" / "neuronpedia"
     section = Section(
         f"Query Lens vs logit lens — layer {cfg.ql_layer} FF-KV features",
         text=(
             f"Operators from {cfg.operator_seqs}×{cfg.seq_len} corpus tokens. Key: what activates the feature "
             "(LL_KEY = E·k raw; QL_KEY through the corpus-mean Jacobian from the embeddings). Value: what it promotes "
-            "(LL_VALUE = W_U·LN_f(v); QL_VALUE full through the value operator)."
+            "(LL_VALUE = W_U·LN_f(v); QL_VALUE full through the value operator). Each card's title opens the "
+            f"feature in the atlas (atlas/index.html: contexts from {cfg.atlas_tokens} corpus tokens, histogram, "
+            "every signature); the atlas also holds the Neuronpedia and circuit-tracer exports."
         ),
         cards=cards,
     )
@@ -263,7 +279,7 @@ def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
     return Section(
         "Readout SAE — one worked decomposition",
         text=(
-            f"Readout SAE {how}. Final-layer state after …{context!r}: the margin {pair} split exactly into the shared "
+            f"Readout SAE {how}. Final-layer state after “…{readable(context)}”: the margin {pair} split exactly into the shared "
             f"bias, per-feature contributions and the residual (identity error "
             f"{abs(float(dec.bias + dec.contributions.sum() + dec.residual - dec.exact)):.2e})."
         ),
@@ -318,7 +334,7 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
             ("readout", _readout_step),
             ("certify", _certify_step),
         ]
-        np_path = cfg.out / "neuronpedia_features.json"
+        np_path = cfg.out / "atlas" / "exports" / "neuronpedia"
         for name, step in steps:
             t0 = time.perf_counter()
             logger.info("demo step %s", name)

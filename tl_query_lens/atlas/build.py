@@ -234,6 +234,7 @@ def build_atlas(
     *,
     tokens: torch.Tensor | None = None,
     operator_tokens: torch.Tensor | None = None,
+    lens=None,
     progress: bool = True,
 ) -> AtlasResult:
     """Build (or resume) the feature atlas of ``sources`` (default ``cfg.dictionary``) in ``cfg.out``.
@@ -244,6 +245,8 @@ def build_atlas(
         cfg: sizes and contents; default :class:`AtlasConfig()`.
         tokens / operator_tokens: corpus windows of the pass / of the operators, instead of loading ``cfg.corpus``
             (a model without a tokenizer needs them).
+        lens: a :class:`~tl_query_lens.QueryLens` of ``model`` to reuse (its corpus is the operator corpus; operators
+            and pushed feature sets it already holds are not computed again).
         progress: show progress bars.
 
     Raises:
@@ -267,6 +270,8 @@ def build_atlas(
         tokens = load_corpus(
             cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
         )
+    if lens is not None:
+        operator_tokens = lens.tokens
     if cfg.signatures and operator_tokens is None:
         from tl_query_lens.corpus import load_corpus
 
@@ -307,7 +312,7 @@ def build_atlas(
         world,
     )
     if mine:
-        _build_units(model, mine, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress)
+        _build_units(model, mine, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress, lens)
     if world > 1:
         import torch.distributed as dist
 
@@ -474,7 +479,7 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
     return collectors, qualities
 
 
-def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress) -> None:
+def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress, lens=None) -> None:
     t0 = time.perf_counter()
     collectors, qualities = _forward_pass(model, units, cfg, tokens, out, progress)
     seconds["forward_pass"] = time.perf_counter() - t0
@@ -483,11 +488,13 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
     t0 = time.perf_counter()
     links = neuron_links(model, dictionaries, cfg.n_links)
     readouts = {d.slug: readout_tokens(d, cfg.n_links) for d in dictionaries if d.kind == "readout"}
-    lens = None
-    if cfg.signatures:
+    if not cfg.signatures:
+        lens = None
+    elif lens is None:
         from tl_query_lens.query_lens.lens import QueryLens
 
         lens = QueryLens(model, operator_tokens, progress=progress)
+    if lens is not None:
         full = [u.dictionary for u in units if _basis(u.dictionary, cfg, model) == "identity"]
         full = list({d.slug: d for d in full}.values())
         if full:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tl_query_lens.report.tokens import readable
 from tl_query_lens.results import atomic_write_text
 
 
@@ -28,6 +29,7 @@ class FeatureCard:
     value_lists: list[TokenList] = field(default_factory=list)
     module_shares: dict[str, float] = field(default_factory=dict)
     notes: str = ""
+    link: str = ""  # e.g. the feature's atlas page, relative to the report
 
 
 @dataclass
@@ -49,22 +51,30 @@ h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-to
 .sig{display:flex;gap:.6em}.sig div{flex:1}.sig h4{margin:.2em 0;font-size:.85em;color:#555}
 .tok{display:inline-block;background:#eef3ff;border-radius:3px;padding:0 .3em;margin:1px;font-family:monospace;
 font-size:.8em;white-space:pre}.neg{background:#fff0ee}
-.bar{height:14px;background:#4c78a8;display:inline-block;vertical-align:middle}
+.score{color:#666;font-size:.75em;margin:0 .4em 0 .1em;font-variant-numeric:tabular-nums}
+.bar{height:14px;display:inline-block;vertical-align:middle}.bar.pos{background:#4c78a8}.bar.negative{background:#e45756}
+.axis{display:inline-block;width:90px;text-align:right;border-right:1px solid #999}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0}td,th{border:1px solid #ddd;padding:.2em .5em}
-th{background:#f4f4f4}.muted{color:#777;font-size:.85em}
+th{background:#f4f4f4;overflow-wrap:anywhere}.muted{color:#777;font-size:.85em}
 """
 
 
 def _tokens(tokens: TokenList, limit: int = 12) -> str:
+    """Chips of the top tokens, each with its score beside it (whitespace and control characters made visible)."""
     chips = "".join(
-        f'<span class="tok" title="{score:.4g}">{html.escape(s)}</span>'
+        f'<span class="tok{" neg" * (score < 0)}">{html.escape(readable(s))}</span>'
+        f'<span class="score">{score:.3g}</span>'
         for s, score in zip(tokens.strings[:limit], tokens.scores[:limit])
     )
     return f"<div><h4>{html.escape(tokens.method)}</h4>{chips}</div>"
 
 
 def _card(card: FeatureCard) -> str:
-    parts = [f'<div class="card"><h3>{html.escape(card.title)}</h3>']
+    title = html.escape(card.title)
+    if card.link:
+        title = f'<a href="{html.escape(card.link, quote=True)}">{title}</a>'
+    parts = [f'<div class="card"><h3>{title}</h3>']
     if card.key_lists:
         parts.append("<b>key — what activates it</b><div class='sig'>")
         parts.extend(_tokens(t) for t in card.key_lists)
@@ -74,17 +84,22 @@ def _card(card: FeatureCard) -> str:
         parts.extend(_tokens(t) for t in card.value_lists)
         parts.append("</div>")
     if card.module_shares:
-        top = max(abs(v) for v in card.module_shares.values()) or 1.0
-        rows = "".join(
-            f"<tr><td>{html.escape(name)}</td><td><span class='bar' style='width:{160 * abs(v) / top:.0f}px'></span> "
-            f"{v:.3f}</td></tr>"
-            for name, v in card.module_shares.items()
-        )
-        parts.append(f"<b>per-module shares</b><table>{rows}</table>")
+        parts.append(f"<b>per-module shares</b><table>{_share_rows(card.module_shares)}</table>")
     if card.notes:
         parts.append(f"<p class='muted'>{html.escape(card.notes)}</p>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _share_rows(shares: dict[str, float], width: int = 90) -> str:
+    """Signed bars on a shared axis: positive shares to the right (blue), negative to the left (red)."""
+    top = max(abs(v) for v in shares.values()) or 1.0
+    rows = []
+    for name, v in shares.items():
+        bar = f"<span class='bar {'pos' if v >= 0 else 'negative'}' style='width:{width * abs(v) / top:.0f}px'></span>"
+        cell = f"<span class='axis'></span>{bar}" if v >= 0 else f"<span class='axis'>{bar}</span>"
+        rows.append(f"<tr><td>{html.escape(name)}</td><td style='white-space:nowrap'>{cell}</td><td>{v:+.3f}</td></tr>")
+    return "".join(rows)
 
 
 def _table(columns: list[str], rows: list[list[Any]]) -> str:
@@ -93,7 +108,7 @@ def _table(columns: list[str], rows: list[list[Any]]) -> str:
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def build_report(
