@@ -20,6 +20,7 @@ import dataclasses
 import math
 import numbers
 import re
+import typing
 from functools import cache
 from typing import Any, TypeVar
 
@@ -122,8 +123,6 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
 @cache
 def _integer_fields(cls: type) -> frozenset[str]:
     """Fields of ``cls`` typed ``int``, ``int | None`` or a tuple / list of ints."""
-    import typing
-
     names = set()
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

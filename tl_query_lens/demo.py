@@ -13,6 +13,7 @@ from sae_lens import SAE
 
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
+from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.ffkv import FFKV
@@ -105,6 +106,7 @@ class DemoConfig:
         "k": "[1, inf)",
         "n_cal": "[1, inf)",
         "n_eval": "[1, inf)",
+        "atlas_tokens": "[1, inf)",
         "seed": "[0, 4294967295]",
     }
 
@@ -194,8 +196,6 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
-    from tl_query_lens.atlas import AtlasConfig, build_atlas
-
     atlas_cfg = AtlasConfig(
         out=cfg.out / "atlas",
         features=",".join(map(str, features.tolist())),

@@ -41,6 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tl_query_lens.errors import CorruptFileError, MissingFileError
+from tl_query_lens.paths import plain_name
 
 QUANTISED_WEIGHTS = "sae_weights.int8.safetensors"
 MANIFEST = "manifest.json"
@@ -200,8 +201,6 @@ class LocalReleases:
     def cached_path(self, model_name: str, sae_id: str) -> Path:
         """``<cache>/<cache_subdir>/<release>/<sae_id>`` (both plain names: nothing is read or written outside the
         cache)."""
-        from tl_query_lens.paths import plain_name
-
         release = plain_name(self.release_name(model_name), "model name")
         return self.root() / release / plain_name(sae_id, "sae_id")
 
