@@ -2,8 +2,8 @@
 out-of-range number for every subcommand.
 
 Each case runs ``python -m tl_query_lens ...`` in a fresh interpreter (``--repeat`` times); the script prints the wall
-time (median of the repeats), the peak resident memory of the child (``ru_maxrss``, from ``os.wait4``) and the exit
-status. A subcommand's parser is kept in the user cache after its first use (``tl_query_lens/cli/options_cache.py``):
+time and the CPU time of the child (user + system, less sensitive to other load; medians of the repeats), its peak
+resident memory (``ru_maxrss``, from ``os.wait4``) and its exit status. A subcommand's parser is kept in the user cache after its first use (``tl_query_lens/cli/options_cache.py``):
 by default every case is run once untimed to warm that cache (``TLQL_CACHE`` points to a fresh folder); ``--cold``
 turns the cache off, which is what the first run after an install or an edit costs.
 
@@ -41,14 +41,14 @@ CASES = {
 }
 
 
-def run_once(args: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """(seconds, peak RSS in MiB, exit status) of ``python -m tl_query_lens args``."""
+def run_once(args: list[str], env: dict[str, str]) -> tuple[float, float, int, float]:
+    """(wall seconds, peak RSS in MiB, exit status, CPU seconds) of ``python -m tl_query_lens args``."""
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "tl_query_lens", *args], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
-    return seconds, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+    return seconds, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
     if args.cold:
         env["TLQL_NO_OPTIONS_CACHE"] = "1"
     results = []
-    print(f"{'case':48} {'seconds':>8} {'peak MiB':>9} {'exit':>5}")
+    print(f"{'case':48} {'seconds':>8} {'CPU s':>6} {'peak MiB':>9} {'exit':>5}")
     for name, argv in CASES.items():
         if args.only not in name:
             continue
@@ -70,9 +70,11 @@ def main() -> None:
             run_once(argv, env)  # warms the options cache
         runs = [run_once(argv, env) for _ in range(args.repeat)]
         row = {"case": name, "seconds": statistics.median(r[0] for r in runs),
+               "cpu_seconds": statistics.median(r[3] for r in runs),
                "peak_rss_mib": max(r[1] for r in runs), "exit": runs[-1][2]}  # fmt: skip
         results.append(row)
-        print(f"{name:48} {row['seconds']:8.2f} {row['peak_rss_mib']:9.0f} {row['exit']:5d}", flush=True)
+        print(f"{name:48} {row['seconds']:8.2f} {row['cpu_seconds']:6.2f} {row['peak_rss_mib']:9.0f} {row['exit']:5d}",
+              flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 

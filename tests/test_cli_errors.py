@@ -179,15 +179,42 @@ CASES = [
         "No readout SAE 'never-fitted'",
     ),
     ("readout_path_not_sae", ["readout", "eval", "--sae-path", "{not_sae}"], "holds no cfg.json"),
+    # issue 26: numbers checked against the (embedded) model before it loads, names kept inside their folders
+    ("query_lens_k_beyond_vocab", ["query-lens", "--k", "60000"], "--k must be ≤ 49152"),
+    ("ffkv_k_beyond_width", ["ffkv", "--k", "5000"], "--k must be ≤ 1536"),
+    ("certify_k_beyond_width", ["certify", "--k", "5000"], "--k must be ≤ 1536"),
+    ("saes_compare_k_beyond_width", ["saes", "compare", "--k", "5000"], "--k must be ≤ 1536"),
+    ("ql_evaluate_k_beyond_vocab", ["ql-evaluate", "--k", "60000"], "--k must be ≤ 49152"),
+    ("ql_evaluate_features_per_layer", ["ql-evaluate", "--features-per-layer", "5000"], "must be ≤ 1536"),
+    ("ql_evaluate_too_few_sequences", ["ql-evaluate", "--n-seqs", "2"], "Raise --n-seqs to ≥ 20"),
+    (
+        "ql_channels_one_destination",
+        ["ql-channels", "--sources", "28", "--fits", "closed_form"],
+        "to block 29 only",
+    ),
+    ("ql_channels_module_one_source", ["ql-channels", "--sources", "3", "--destination", "module"], "share no block"),
+    ("ql_channels_no_block_after", ["ql-channels", "--sources", "29"], "no block after them"),
+    ("readout_fit_width_below_k", ["readout", "fit", "--width", "8", "--k", "128"], "width=8 must be at least k=128"),
+    ("readout_fit_sae_id_outside", ["readout", "fit", "--sae-id", "../../../x"], "would leave its folder"),
+    ("readout_decompose_sae_id_outside", ["readout", "decompose", "hi", "--sae-id", "../../x"], "would leave its"),
+    ("readout_eval_sae_id_outside", ["readout", "eval", "--sae-id", "a/b"], "contains a path separator"),
+    ("saes_train_d_sae_zero", ["saes", "train", "--d-sae", "0"], "--d-sae must be ≥ 1"),
+    ("saes_train_unknown_kind", ["saes", "train", "--kinds", "foo"], "kinds must be a non-empty subset"),
+    ("saes_train_k_beyond_d_sae", ["saes", "train", "--d-sae", "64", "--k", "65"], "k must be in 1..d_sae=64"),
+    ("demo_layer_beyond_model", ["demo", "--ql-layer", "40"], "--ql-layer must be < 30"),
+    ("demo_k_beyond_width", ["demo", "--k", "99999"], "--k must be ≤ 1536"),
+    ("demo_seq_len_beyond_context", ["demo", "--quick", "--seq-len", "5000"], "--seq-len must be ≤ 2048"),
+    ("saes_train_lr_nan", ["saes", "train", "--lr", "nan"], "--lr must be > 0"),
 ]
 
 
 @pytest.mark.parametrize("case,argv,expected", CASES, ids=[c[0] for c in CASES])
 def test_user_error_exits_2_before_loading_a_model(case, argv, expected, files, no_model, capsys, tmp_path):
     argv = [a.format(**files) for a in argv]
-    if "--out" not in argv and argv[0] != "readout":
+    train = argv[:2] == ["saes", "train"]  # no --out, no W&B
+    if "--out" not in argv and argv[0] != "readout" and not train:
         argv += ["--out", str(tmp_path / "out")]
-    line = run_error(capsys, argv + ["--no-wandb"])
+    line = run_error(capsys, argv + ["--no-wandb"] * (not train))
     assert expected in line
 
 

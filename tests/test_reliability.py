@@ -520,3 +520,37 @@ def test_every_subcommand_refuses_before_loading_a_model(case, name, tmp_path, b
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert expected in lines[0] and len(lines) <= 2 and "Traceback" not in err, (argv, err)
+
+
+POST_LOAD = [
+    ("ffkv_k", ["ffkv", "--k", "5000", "--layers", "0"], "--k 5000 is too large for gpt2: it has 64 MLP"),
+    ("query_lens_k", ["query-lens", "--k", "60000", "--layers", "0", "--features", "0-2"], "it has 61 vocabulary"),
+    (
+        "ql_evaluate_features_per_layer",
+        ["ql-evaluate", "--features-per-layer", "5000", "--layers", "0", "--n-seqs", "20"],
+        "exceeds the 64 features",
+    ),
+    ("ql_channels_one_destination", ["ql-channels", "--sources", "1"], "to block 2 only"),
+    ("ql_channels_last_layer", ["ql-channels", "--sources", "2"], "no block after them"),
+    ("certify_k", ["certify", "--k", "5000", "--layers", "0", "--n-eval", "100"], "exceeds the 64 features"),
+    (
+        "saes_compare_k",
+        ["saes", "compare", "--k", "5000", "--release", "", "--layers", "0"],
+        "--k 5000 is too large for gpt2",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,argv,expected", POST_LOAD, ids=[c[0] for c in POST_LOAD])
+def test_model_size_limits_after_loading_another_model(case, argv, expected, tmp_path, monkeypatch, capsys):
+    """Sizes of a model known only once loaded ("gpt2" here is a tiny random model): checked before any corpus."""
+    model = tiny_model("gated_rms")
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+
+    def no_corpus(*args, **kwargs):
+        raise AssertionError("the corpus was loaded before the sizes were checked")
+
+    monkeypatch.setattr(tl_query_lens, "load_corpus", no_corpus)
+    assert main([*argv, "--model", "gpt2", "--out", str(tmp_path / "o"), "--no-wandb"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err

@@ -13,7 +13,6 @@ import ast
 import hashlib
 import json
 import logging
-import os
 import random
 import sys
 import sysconfig
@@ -28,6 +27,7 @@ from jaxtyping import Int
 from tl_query_lens.broad_corpus import broad_documents
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
 from tl_query_lens.models import cache_dir
+from tl_query_lens.paths import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +69,17 @@ def stdlib_docstrings(min_chars: int = MIN_DOC_CHARS) -> tuple[str, ...]:
     if cached.exists():
         return tuple(json.loads(cached.read_text(encoding="utf-8")))
     docs = _parse_docstrings(root, min_chars)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(docs), encoding="utf-8")
-    tmp.replace(cached)
+    _write_cache(cached, docs)
     return tuple(docs)
+
+
+def _write_cache(path: Path, docs: list[str]) -> None:
+    """Atomically cache ``docs``; a cache that cannot be written only costs the parse next time."""
+    try:
+        with atomic_write(path) as handle:
+            json.dump(docs, handle)
+    except OSError as err:  # WriteError is an OSError
+        logger.warning("could not cache the corpus in %s (%s); it is parsed again next time", path, err)
 
 
 def _parse_docstrings(root: Path, min_chars: int) -> list[str]:
@@ -150,10 +156,7 @@ def stdlib_texts() -> tuple[str, ...]:
         if doc not in seen:
             seen.add(doc)
             docs.append(doc)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(docs), encoding="utf-8")
-    tmp.replace(cached)
+    _write_cache(cached, docs)
     return tuple(docs)
 
 

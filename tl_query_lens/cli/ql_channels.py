@@ -95,9 +95,16 @@ def check_destinations(sources: list[int], n_layers: int, cfg) -> None:
             f"--sources {','.join(map(str, sources))}: no block after them (among --operator-layers) receives their "
             f"channels; the model has layers 0..{n_layers - 1}, so choose earlier source layers."
         )
+    shown = ",".join(map(str, sources))
     if cfg.destination == "layer" and len(blocks) == 1:
         raise InputError(
-            f"--sources {','.join(map(str, sources))} send their channels to block {min(blocks)} only, so "
-            "--destination layer has no different-destination pairs to compare; use --destination module "
-            "(attention vs MLP of each block) or earlier source layers."
+            f"--sources {shown} send their channels to block {min(blocks)} only, so --destination layer has no "
+            f"different-destination pairs to compare; choose source layers before {min(blocks) - 1}."
+        )
+    shared = [b for b in blocks if sum(s < b for s in sources) >= 2]
+    if cfg.destination == "module" and not shared:
+        raise InputError(
+            f"--destination module compares channels of different source layers into one module, but --sources "
+            f"{shown} share no block after them; give at least two source layers before the last block (e.g. "
+            "--sources 6,12) or use --destination layer."
         )

@@ -40,11 +40,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
+    from tl_query_lens.results import atomic_write_text, read_json
     from tl_query_lens.saes.registry import SAES_RELEASES
     from tl_query_lens.saes.report import COLUMNS, SAEReportConfig, add_training_window_alive, suite_quality
     from tl_query_lens.sources import load_dictionary, release_sources
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(run_cfg)
     tokens = load_tokens(run_cfg, model, "evaluation")
     suite_file = SAES_RELEASES.root() / release / "suite.json"
-    suite = json.loads(suite_file.read_text(encoding="utf-8")) if suite_file.exists() else {}
+    suite = read_json(suite_file) if suite_file.exists() else {}
     out = Path(run_cfg.out)
     with tracker(run_cfg, "saes-report", args, report=cfg, suite=suite) as track:
         first = cfg.exclude_first_positions
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         quality.config = dict(track.config)
         add_training_window_alive(quality, SAES_RELEASES.root() / release)
         quality.save(out)
-        (out / "quality.md").write_text(quality.markdown() + "\n", encoding="utf-8")
+        atomic_write_text(out / "quality.md", quality.markdown() + "\n")
         track.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])
     print(quality.markdown())
     print(

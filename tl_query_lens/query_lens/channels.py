@@ -482,7 +482,7 @@ def _pair_summary(ol, names, dests, modules, cfg: ChannelConfig, rank: int, d: i
         raise InputError(
             f"destination={cfg.destination!r} gives no {'different' if labels.all() else 'same'}-destination pairs "
             "for these channels; use "
-            + ("destination='module' or earlier source layers." if labels.all() else "more source layers.")
+            + ("destination='module' or earlier source layers." if labels.all() else "destination='layer'.")
         )
     return {
         "ol_same": scores[labels].mean().item(),
