@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from sae_lens import SAE
 
+from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.corpus import load_corpus
@@ -167,8 +168,6 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
-    from tl_query_lens.atlas import AtlasConfig, build_atlas
-
     atlas_cfg = AtlasConfig(
         out=cfg.out / "atlas",
         features=",".join(map(str, features.tolist())),
