@@ -55,3 +55,28 @@ def test_cards_show_scores_signed_bars_links_and_scrolling_tables(tmp_path):
     assert "+0.750" in page and "-0.500" in page
     assert '<a href="atlas/index.html#f/18-ffkv/7">' in page
     assert "<div class='scroll'><table>" in page and ".scroll{overflow-x:auto" in page
+
+
+def test_demo_cards_link_into_an_atlas_of_their_features(tmp_path, monkeypatch):
+    from tests.helpers import tiny_model, tiny_tokens
+    from tl_query_lens import corpus, demo
+    from tl_query_lens.tracking import Tracker
+
+    model = tiny_model("gelu_ln")
+
+    def tokens(source, tokenizer=None, *, n_seqs=64, seq_len=32, split="train", seed=0):
+        return tiny_tokens(model, n_seqs=n_seqs, seq_len=min(seq_len, 16), seed=seed)
+
+    monkeypatch.setattr(demo, "load_corpus", tokens)
+    monkeypatch.setattr(corpus, "load_corpus", tokens)
+    cfg = demo.DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, atlas_tokens=24 * 64, operator_cache=tmp_path)
+    with Tracker(tmp_path / "run", name="t", use_wandb=False) as tracker:
+        section, np_path = demo._query_lens_step(model, cfg, tracker)
+    assert len(section.cards) == 3
+    for card in section.cards:
+        feature = int(card.title.rsplit(" ", 1)[1])
+        assert card.link == f"atlas/index.html#f/1-ffkv/{feature}"
+        shard = next((tmp_path / "atlas" / "shards" / "1-ffkv").glob("*.json")).read_text()
+        assert f'"i":{feature},' in shard
+    assert (tmp_path / "atlas" / "index.html").is_file()
+    assert np_path == tmp_path / "atlas" / "exports" / "neuronpedia" and (np_path / "source.jsonl").is_file()

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import torch
 from sae_lens import SAE
 
+from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.atlas import AtlasConfig, build_atlas

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.atlas.collect import StatsCollector
 from tl_query_lens.atlas.config import AtlasConfig
 from tl_query_lens.atlas.dictionaries import AtlasDictionary, encode, expand_specs, load_atlas_dictionaries
+from tl_query_lens.atlas.exports import export_all
 from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_signatures
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
@@ -45,10 +47,17 @@ from tl_query_lens.atlas.site import (
     write_shard,
     write_static,
 )
-from tl_query_lens.corpus import corpus_fingerprint
-from tl_query_lens.errors import InputError
+from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
+from tl_query_lens.cli.checks import check_folder
+from tl_query_lens.cli.ranges import parse_ranges
+from tl_query_lens.corpus import corpus_fingerprint, load_corpus
+from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
+from tl_query_lens.errors import InputError, MissingFileError
+from tl_query_lens.hooks import stop_layer
 from tl_query_lens.presentation import Table
+from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.results import SavableResult, atomic_write_text, read_json, write_json
+from tl_query_lens.saes.report import SuiteQuality  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +175,6 @@ def _rank_world() -> tuple[int, int]:
 
 def _check_out(out: Path, model: HookedTransformer) -> None:
     """Refuse a folder that holds another model's atlas, or a file."""
-    from tl_query_lens.cli.checks import check_folder
-
     check_folder(out, "--out")
     manifest = out / "manifest.json"
     if manifest.is_file():
@@ -186,8 +193,6 @@ def _model_record(model: HookedTransformer) -> dict[str, Any]:
 
 
 def _feature_ids(text: str | None, d_sae: int, slug: str) -> torch.Tensor:
-    from tl_query_lens.cli.ranges import parse_ranges
-
     if text is None or text == "all":
         return torch.arange(d_sae)
     ids = [i for i in parse_ranges(text, None, "--features") if i < d_sae]
@@ -209,8 +214,6 @@ def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp
 
 
 def _layers(text: str, n_layers: int) -> list[int]:
-    from tl_query_lens.cli.ranges import parse_ranges
-
     return list(range(n_layers)) if text == "all" else parse_ranges(text, n_layers, "--layers")
 
 
@@ -265,16 +268,12 @@ def build_atlas(
     dictionaries = load_atlas_dictionaries(model, sources_parsed)
     attached = _attached(cfg, dictionaries)
     if tokens is None:
-        from tl_query_lens.corpus import load_corpus
-
         tokens = load_corpus(
             cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
         )
     if lens is not None:
         operator_tokens = lens.tokens
     if cfg.signatures and operator_tokens is None:
-        from tl_query_lens.corpus import load_corpus
-
         operator_tokens = load_corpus(
             cfg.corpus, model, n_seqs=cfg.operator_seqs, seq_len=cfg.operator_seq_len, split="train", seed=cfg.seed
         )
@@ -314,8 +313,6 @@ def build_atlas(
     if mine:
         _build_units(model, mine, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress, lens)
     if world > 1:
-        import torch.distributed as dist
-
         dist.init_process_group("gloo", timeout=timedelta(hours=6))
         dist.barrier()
     result = AtlasResult(out=str(out), model_name=str(model.cfg.model_name), rank=rank, world=world)
@@ -333,8 +330,6 @@ def build_atlas(
         )
         seconds["site"] = time.perf_counter() - t0
     if world > 1:
-        import torch.distributed as dist
-
         dist.barrier()
         dist.destroy_process_group()
     result.shards_built = len(units) - len(done)
@@ -368,9 +363,6 @@ def _attached(cfg: AtlasConfig, dictionaries: list[AtlasDictionary]) -> dict[str
 
 def load_any_result(folder: Path) -> SavableResult:
     """A saved result of any class (the one its ``result.json`` names)."""
-    import tl_query_lens  # noqa: F401  (registers the result classes)
-    from tl_query_lens.errors import MissingFileError
-
     record = read_json(folder / "result.json", fix="Pass a folder written by a result's .save().")
     classes: dict[str, type] = {}
     pending = [SavableResult]
@@ -440,8 +432,6 @@ class _Quality:
 @torch.no_grad()
 def _forward_pass(model, units, cfg, tokens, out, progress):
     """One pass over ``tokens`` for every dictionary of ``units``: their collectors and quality rows."""
-    from tl_query_lens.hooks import stop_layer
-
     by_dict: dict[str, list[Unit]] = {}
     for u in units:
         by_dict.setdefault(u.dictionary.slug, []).append(u)
@@ -491,8 +481,6 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
     if not cfg.signatures:
         lens = None
     elif lens is None:
-        from tl_query_lens.query_lens.lens import QueryLens
-
         lens = QueryLens(model, operator_tokens, progress=progress)
     if lens is not None:
         full = [u.dictionary for u in units if _basis(u.dictionary, cfg, model) == "identity"]
@@ -558,8 +546,6 @@ def _guard_disk(out: Path, write, *args) -> None:
 
 def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: AtlasResult, n_tokens: int) -> None:
     """Rank 0: index, search index, dictionary pages, static files and exports, from the shards on disk."""
-    from tl_query_lens.atlas.exports import export_all
-
     postings: dict[str, list[tuple[str, int, float]]] = {}
     entries = []
     total = 0

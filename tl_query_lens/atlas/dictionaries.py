@@ -10,8 +10,12 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError
 from tl_query_lens.hooks import check_hook, hook_layer
+from tl_query_lens.models import _ALIASES
+from tl_query_lens.readout.registry import READOUT_RELEASES
+from tl_query_lens.saes.registry import SAES_RELEASES, shipped_releases
 from tl_query_lens.sources import DictionarySource, load_dictionary, parse_source
 
 logger = logging.getLogger(__name__)
@@ -55,9 +59,6 @@ def _set_name(source: DictionarySource, kind: str) -> str:
 
 def expand_specs(specs: tuple[str, ...], model_name: str, layers: list[int]) -> list[DictionarySource]:
     """Parse every spec (an unknown one raises before anything loads); 'default' and 'ffkv' cover ``layers``."""
-    from tl_query_lens.readout.registry import READOUT_RELEASES
-    from tl_query_lens.saes.registry import SAES_RELEASES
-
     out: list[DictionarySource] = []
     for spec in specs:
         if spec == "default":
@@ -79,9 +80,6 @@ def expand_specs(specs: tuple[str, ...], model_name: str, layers: list[int]) -> 
 
 def _listed_ids(model_name: str) -> list[str]:
     """The suite ids the package's release list names for ``model_name`` (trained or not)."""
-    from tl_query_lens.models import _ALIASES
-    from tl_query_lens.saes.registry import shipped_releases
-
     key = _ALIASES.get(model_name.lower(), model_name.lower())
     return list(shipped_releases().get(key, {}).get("sae_ids", []))
 
@@ -104,8 +102,6 @@ def load_atlas_dictionaries(model: HookedTransformer, sources: list[DictionarySo
         InputError: a source that cannot be loaded, a hook the model lacks, a width that does not match, or two
             sources with the same id.
     """
-    from tl_query_lens.dictionaries.key_value import as_key_value
-
     loaded = []
     for source in sources:
         sae = load_dictionary(source, model, device=str(model.cfg.device))

@@ -20,6 +20,8 @@ import torch
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.atlas.dictionaries import AtlasDictionary
+from tl_query_lens.dictionaries.ffkv import FFKV
+from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.result import readout_scores
 
@@ -104,8 +106,6 @@ def unit_signatures(
 
 @torch.no_grad()
 def _indirect(lens, model, sae, ids, k: int, basis: str) -> SignatureLists:
-    from tl_query_lens.dictionaries.key_value import as_key_value
-
     view = as_key_value(sae, model)
     if view.value_source is not None:
         raise ValueError("the direct term of a post-norm dictionary is no fixed direction; only the full signature")
@@ -143,9 +143,6 @@ def neuron_links(
     ``W_out``), and each neuron its ``n_links`` best features of every such transcoder. Returns slug → feature →
     ``[(target slug, target feature, cosine)]``; the target slug of a neuron is ``"{l}-ffkv"``.
     """
-    from tl_query_lens.dictionaries.ffkv import FFKV
-    from tl_query_lens.dictionaries.key_value import as_key_value
-
     links: dict[str, dict[int, list[tuple[str, int, float]]]] = {}
     for dictionary in dictionaries:
         if dictionary.kind != "transcoder" or not dictionary.write_hook.endswith("hook_mlp_out"):
