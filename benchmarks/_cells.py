@@ -84,6 +84,7 @@ def run_cells(
     """Run each cell not yet done, one at a time, each as ``python script --run-cell NAME *argv``; returns the names
     of the cells that failed (the others are done). ``env(name)``: extra environment of a cell's process."""
     failed = []
+    Path(out).mkdir(parents=True, exist_ok=True)
     _write_json(Path(out) / "run.json", {"command": shlex.join([sys.executable, *sys.argv]), "started_utc": _now()})
     for name in names:
         if is_done(out, name):

@@ -53,8 +53,7 @@ def test_cells_run_in_their_own_process_record_and_resume(tmp_path):
     cells = load("_cells")
     script = tmp_path / "cell_script.py"
     script.write_text(CELL_SCRIPT.format(bench=str(BENCH)))
-    out = tmp_path / "out"
-    out.mkdir()
+    out = tmp_path / "out"  # run_cells creates it
     logs: list[str] = []
     failed = cells.run_cells(script, out, ["c2", "bad", "c3"], [str(out)], log=logs.append)
     assert failed == ["bad"]
