@@ -31,6 +31,7 @@ TINY = {
     "layers": (1, 2),
     "d_sae": 48,
     "k": 4,
+    "transcoder_k": 8,  # the suite default (64) exceeds this d_sae
     "training_tokens": 1536,
     "batch_size_tokens": 128,
     "n_checkpoints": 3,
@@ -124,9 +125,10 @@ def test_training_skips_the_attention_sink_position():
 
 
 def test_untrained_release_error_names_the_command(cache):
+    """An id that is neither shipped nor trained (layer 13 is not in the shipped suite) names the command."""
     SAES_RELEASES.register()
-    with pytest.raises(FileNotFoundError, match=r"tlql saes train --model smollm2-135m --layers 12"):
-        SAE.from_pretrained("tlql-saes-smollm2-135m", "blocks.12.hook_resid_post")
+    with pytest.raises(FileNotFoundError, match=r"tlql saes train --model smollm2-135m --layers 13"):
+        SAE.from_pretrained("tlql-saes-smollm2-135m", "blocks.13.hook_resid_post")
 
 
 def test_train_then_load_in_fresh_process_and_splice(cache, tmp_path):
