@@ -40,7 +40,13 @@ def browser():
 
     options = Options()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1400"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1400",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
@@ -94,7 +100,9 @@ def test_token_search_answers_within_the_target(browser, atlas):
     assert any(h.endswith("#f/1-ffkv/5") for h in links)
     elapsed = browser.execute_script("return window.ATLAS_LAST_SEARCH_MS")
     assert elapsed < SEARCH_TARGET_MS
-    in_page = browser.execute_script(f"var t=performance.now(); ATLAS.runSearch({json.dumps(token)}); return performance.now()-t")
+    in_page = browser.execute_script(
+        f"var t=performance.now(); ATLAS.runSearch({json.dumps(token)}); return performance.now()-t"
+    )
     assert in_page < SEARCH_TARGET_MS
 
 
@@ -108,7 +116,9 @@ def test_feature_page_shows_contexts_histogram_and_signatures(browser, atlas):
         "return Array.from(document.querySelectorAll('#top-contexts .ctx span.t.peak'))"
         ".map(s => getComputedStyle(s).backgroundColor)"
     )
-    assert len(colours) == len(contexts) and all(c.startswith(("rgba(255, 140, 0", "rgb(255, 140, 0")) for c in colours)  # peaks shaded
+    assert len(colours) == len(contexts) and all(
+        c.startswith(("rgba(255, 140, 0", "rgb(255, 140, 0")) for c in colours
+    )  # peaks shaded
     assert browser.find_elements(By.CSS_SELECTOR, "#hist rect")
     value = browser.find_element(By.ID, "value-top").text
     assert "LL_VALUE" in value and "QL_VALUE" in value and "QL_INDIRECT" in value

@@ -59,7 +59,8 @@ def test_cards_show_scores_signed_bars_links_and_scrolling_tables(tmp_path):
 
 def test_demo_cards_link_into_an_atlas_of_their_features(tmp_path, monkeypatch):
     from tests.helpers import tiny_model, tiny_tokens
-    from tl_query_lens import corpus, demo
+    from tl_query_lens import demo
+    from tl_query_lens.atlas import build as atlas_build
     from tl_query_lens.tracking import Tracker
 
     model = tiny_model("gelu_ln")
@@ -68,7 +69,7 @@ def test_demo_cards_link_into_an_atlas_of_their_features(tmp_path, monkeypatch):
         return tiny_tokens(model, n_seqs=n_seqs, seq_len=min(seq_len, 16), seed=seed)
 
     monkeypatch.setattr(demo, "load_corpus", tokens)
-    monkeypatch.setattr(corpus, "load_corpus", tokens)
+    monkeypatch.setattr(atlas_build, "load_corpus", tokens)
     cfg = demo.DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, atlas_tokens=24 * 64, operator_cache=tmp_path)
     with Tracker(tmp_path / "run", name="t", use_wandb=False) as tracker:
         section, np_path = demo._query_lens_step(model, cfg, tracker)

@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         for f in dataclasses.fields(AtlasConfig)
         if hasattr(args, f.name) and getattr(args, f.name) != defaults.get(f.name) and f.name != "quick"
     }
-    factory = (lambda **kw: AtlasConfig.preset_quick(**{k: v for k, v in kw.items() if k in given})) if args.quick else None
+    factory = (
+        (lambda **kw: AtlasConfig.preset_quick(**{k: v for k, v in kw.items() if k in given})) if args.quick else None
+    )
     cfg = build(AtlasConfig, args, factory=factory)
     check_run(run_cfg, seq_len=cfg.seq_len)
     model = load_model(run_cfg)
