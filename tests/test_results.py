@@ -10,6 +10,7 @@ import typing
 import pytest
 import torch
 
+from tl_query_lens.atlas.build import AtlasResult, DictionaryQuality
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.protocol import ProtocolCertification
 from tl_query_lens.certify.sweep import LayerSweep, ShuffleAblation
@@ -31,6 +32,7 @@ from tl_query_lens.readout.evaluate import ReadoutReport
 from tl_query_lens.readout.fit import ReadoutFit
 from tl_query_lens.readout.sae import ReadoutSAE, ReadoutSAEConfig
 from tl_query_lens.readout.states import StateBank
+from tl_query_lens.reproduce.run import Reproduction
 from tl_query_lens.results import SavableResult, read_json, write_json
 from tl_query_lens.saes.release import ReleaseFidelity
 from tl_query_lens.saes.report import SuiteQuality
@@ -65,6 +67,10 @@ RESULT_CLASSES = [
     SAESuiteResult,
     SuiteQuality,
     ReleaseFidelity,
+    # the atlas and tlql reproduce
+    AtlasResult,
+    DictionaryQuality,
+    Reproduction,
 ]
 SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.25]
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+from tl_query_lens.config import check_ranges
 
 QUICK_LAYER = 20  # the one FF-KV layer of the quick atlas
 
@@ -70,7 +73,27 @@ class AtlasConfig:
     exports: bool = True
     quick: bool = False
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "seed": "[0, 4294967295]",
+        "n_tokens": "[1, inf)",
+        "seq_len": "[2, inf)",
+        "batch_size": "[1, inf)",
+        "exclude_first_positions": "[0, inf)",
+        "n_top": "[1, inf)",
+        "n_bands": "[1, inf)",
+        "band_examples": "[1, inf)",
+        "band_sample": "[1, inf)",
+        "context_before": "[0, inf)",
+        "context_after": "[0, inf)",
+        "k_tokens": "[1, inf)",
+        "operator_seqs": "[1, inf)",
+        "operator_seq_len": "[2, inf)",
+        "n_links": "[1, inf)",
+        "shard_size": "[1, inf)",
+    }
+
     def __post_init__(self) -> None:
+        check_ranges(self)
         self.out = Path(self.out)
         if isinstance(self.dictionary, str):
             self.dictionary = tuple(s.strip() for s in self.dictionary.split(",") if s.strip())

@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
         )
     parse_layers(run_cfg.layers, dims.n_layers if dims else None)
     parse_features(run_cfg.features or "all", dims.d_mlp if dims else None)
-    check_limits(dims, {"--k": (engine.k, "d_vocab")}, run_cfg.model)
+    check_limits(dims, {"--k": (table1.k, "d_vocab")}, run_cfg.model)
     model = load_model(run_cfg)
     layers = parse_layers(run_cfg.layers, model.cfg.n_layers)
     features = parse_features(run_cfg.features or "all", model.cfg.d_mlp)  # checked before any operator
-    check_limits(dims_of(model), {"--k": (engine.k, "d_vocab")}, run_cfg.model)
+    check_limits(dims_of(model), {"--k": (table1.k, "d_vocab")}, run_cfg.model)
     tokens = load_tokens(run_cfg, model, "train")
     lens = QueryLens(model, tokens, engine=engine)
     sides = ["value", "key"] if options.side == "both" else [options.side]
