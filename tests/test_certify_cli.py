@@ -8,6 +8,7 @@ import pytest
 import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import main
+from tl_query_lens.paths import result_name
 
 
 @pytest.fixture()
@@ -56,7 +57,7 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
     assert all(int(r["N"]) == 24 and int(r["m"]) == 64 for r in rows)
     for name in ("bound_vs_N.html", "gap_real_vs_shuffled.html", "times.json"):
         assert (out / name).exists()
-    saved = json.loads((out / "ffkv_L2" / "result.json").read_text())["fields"]
+    saved = json.loads((out / result_name("ffkv L2") / "result.json").read_text())["fields"]
     assert saved["N"] == 24 and saved["config"]["k"] == 5
 
 
@@ -123,7 +124,7 @@ def test_cli_too_few_sequences_says_the_minimum(tiny_env, tmp_path, capsys):
         == 2
     )
     err = capsys.readouterr().err
-    assert "The minimum is N = 20" in err and "Traceback" not in err
+    assert "the minimum is n = 20" in err.lower() and "Traceback" not in err
 
 
 def test_cli_unknown_shuffle_label_is_refused_before_any_pass(tiny_env, tmp_path, capsys, monkeypatch):
@@ -172,7 +173,7 @@ def test_cli_exclude_first_positions_reaches_the_certificate(tiny_env, tmp_path)
 
     out = tmp_path / "cert"
     assert main(_certify_argv(out, "--exclude-first-positions", "2")) == 0
-    saved = json.loads((out / "ffkv_L2" / "result.json").read_text())["fields"]
+    saved = json.loads((out / result_name("ffkv L2") / "result.json").read_text())["fields"]
     assert saved["config"]["exclude_first_positions"] == 2 and saved["config"]["predictions_per_window"] == 5
     assert json.loads((out / "config.json").read_text())["exclude_first_positions"] == 2
     cal, ev = tiny_tokens(tiny_env, 4, 8, seed=1), tiny_tokens(tiny_env, 24, 8, seed=2)

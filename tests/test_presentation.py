@@ -13,6 +13,7 @@ import torch
 
 from tests.test_results import RESULT_CLASSES, make
 from tests.test_tracking import _records_when_flushed
+from tl_query_lens.atlas.build import AtlasResult
 from tl_query_lens.certify.certify import Certificate
 from tl_query_lens.certify.protocol import ProtocolCertification, protocol_row
 from tl_query_lens.certify.sweep import LayerSweep
@@ -28,6 +29,8 @@ from tl_query_lens.readout.decompose import Decomposition
 from tl_query_lens.readout.diagnostics_paper import PaperReadoutDiagnostics
 from tl_query_lens.readout.evaluate import ReadoutReport
 from tl_query_lens.readout.fit import ReadoutFit
+from tl_query_lens.reproduce.run import Reproduction
+from tl_query_lens.results import loads_json
 from tl_query_lens.saes.report import COLUMNS as QUALITY_COLUMNS
 from tl_query_lens.saes.report import SuiteQuality
 from tl_query_lens.tracking import Tracker
@@ -167,7 +170,39 @@ def _decomposition():
     return result
 
 
+def _atlas():
+    result = make(AtlasResult)
+    result.dictionaries = [{"slug": "12-ffkv", "label": "ffkv L12", "kind": "ffkv", "layer": 12, "n_features": 256}]
+    result.seconds = {"pass": 1.5}
+    return result
+
+
+def _reproduction():
+    result = make(Reproduction)
+    row = {
+        "id": "readout.top1",
+        "section": "s",
+        "headline": "top-1",
+        "paper": "0.75-0.90",
+        "documented": 0.68,
+        "documented_lo": 0.66,
+        "documented_hi": 0.70,
+        "value": 0.69,
+        "value_lo": None,
+        "value_hi": None,
+        "inside": True,
+    }
+    result.rows = [
+        row,
+        {**row, "id": "x", "documented": None, "documented_lo": None, "documented_hi": None, "inside": None},
+    ]
+    result.seconds = {"readout_paper": 80.0}
+    return result
+
+
 BUILDERS = {
+    AtlasResult: _atlas,
+    Reproduction: _reproduction,
     FFKVSummary: _ffkv_summary,
     ReadoutReport: _readout_report,
     PaperReadoutDiagnostics: _paper_readout,
@@ -266,7 +301,7 @@ def test_log_result_reads_only_the_interface(tmp_path, monkeypatch):
     with Tracker(tmp_path, name="log-result") as tracker:
         written = tracker.log_result(sweep, "certify")
     assert set(written) == {"scalars", "table/certificates", "figure/bound_vs_N", "figure/bound_occam_vs_N"}
-    on_disk = json.loads((tmp_path / "certify.json").read_text())
+    on_disk = loads_json((tmp_path / "certify.json").read_text())  # standard JSON, non-finite floats encoded
     assert on_disk["3/bound"] == cert.bound and on_disk["times/clean_s"] == sweep.times.clean
     rows = list(csv.reader((tmp_path / "certify_certificates.csv").read_text().splitlines()))
     assert rows[0] == list(LayerSweep.COLUMNS) and rows[1][:3] == ["3", "blocks.3.hook_mlp_out", "real"]

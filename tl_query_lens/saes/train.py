@@ -132,7 +132,7 @@ class SAESuiteConfig:
         "lr_warm_up_steps": "[0, inf)",
         "lr_decay_fraction": "[0, 1)",
         "dead_feature_window": "[1, inf)",
-        "n_checkpoints": "[1, inf)",
+        "n_checkpoints": "[0, inf)",
         "seed": "[0, 4294967295]",
         "activation_batch_size": "[1, inf)",
         "exclude_first_positions": "[0, inf)",
