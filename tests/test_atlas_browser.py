@@ -143,30 +143,29 @@ def test_keyboard_navigation(browser, atlas):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def until(condition, what):  # poll instead of sleeping: the CI machine may be loaded
+        WebDriverWait(browser, 15).until(lambda b: condition(), message=what)
 
     _open(browser, atlas, "#f/1-ffkv/5")
     _wait(browser, "#top-contexts .ctx")
     ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    until(lambda: browser.current_url.endswith("#f/1-ffkv/6"), "→ goes to the next feature")
     _wait(browser, "h1")
-    time.sleep(0.2)
-    assert browser.current_url.endswith("#f/1-ffkv/6")
     ActionChains(browser).send_keys(Keys.ARROW_LEFT).perform()
-    time.sleep(0.2)
-    assert browser.current_url.endswith("#f/1-ffkv/5")
+    until(lambda: browser.current_url.endswith("#f/1-ffkv/5"), "← goes back")
     ActionChains(browser).send_keys("/").perform()
-    assert browser.switch_to.active_element.get_attribute("id") == "search"
+    until(lambda: browser.switch_to.active_element.get_attribute("id") == "search", "/ focuses the search box")
     ActionChains(browser).send_keys("1-ffkv/9").perform()
-    time.sleep(0.3)
     ActionChains(browser).send_keys(Keys.ENTER).perform()
-    time.sleep(0.2)
-    direct = browser.find_elements(By.CSS_SELECTOR, "main a[href$='#f/1-ffkv/9']")
-    assert direct
+    until(lambda: browser.find_elements(By.CSS_SELECTOR, "main a[href$='#f/1-ffkv/9']"), "Enter shows the feature")
     _open(browser, atlas, "#q/3")
     _wait(browser, "#results a")
     browser.find_element(By.ID, "search").click()
     ActionChains(browser).send_keys(Keys.ARROW_DOWN, Keys.ARROW_DOWN).perform()
-    second = browser.switch_to.active_element
-    assert second.get_attribute("href") == browser.find_elements(By.CSS_SELECTOR, "#results a")[1].get_attribute("href")
+    second = browser.find_elements(By.CSS_SELECTOR, "#results a")[1].get_attribute("href")
+    until(lambda: browser.switch_to.active_element.get_attribute("href") == second, "↓↓ focuses the second result")
     ActionChains(browser).send_keys(Keys.ENTER).perform()
     _wait(browser, "#top-contexts")
     assert "#f/" in browser.current_url

@@ -100,7 +100,7 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
         InputError: ``<field> must be in <interval>, got <value>`` (the command line writes the field as its option),
             also for booleans and non-finite floats where a number is expected.
     """
-    integral = _integer_fields(type(cfg))
+    integral = _integer_fields(type(cfg))  # type: ignore[arg-type]  # classes are hashable
     for name, interval in (type(cfg).RANGES if ranges is None else ranges).items():
         value = getattr(cfg, name)
         if value is None:
@@ -113,7 +113,7 @@ def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
                 isinstance(item, numbers.Real)
                 and not isinstance(item, bool)
                 and math.isfinite(item)
-                and in_interval(item, interval)
+                and in_interval(float(item), interval)
             )
             if not good:
                 shown = f" (item {item!r})" if items is value else ""
@@ -158,6 +158,7 @@ def describe_interval(text: str, value: Any = None) -> str:
     if not lo_in and not hi_in:
         return f"lie strictly between {_number(lo)} and {_number(hi)}"
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        value = float(value)
         if not (lo < value or (lo_in and value == lo)):
             return f"be {low} (range {text})"
         return f"be {high} (range {text})"

@@ -14,7 +14,6 @@ from sae_lens import SAE
 from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
-from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.ffkv import FFKV

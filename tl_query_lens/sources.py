@@ -88,7 +88,11 @@ def parse_source(spec: str, what: str = "--dictionary") -> DictionarySource:
     head, _, rest = text.partition(":")
     if head == "ffkv":
         return _parse_ffkv(text, rest, what)
-    if text and Path(text).expanduser().exists():
+    try:
+        is_path = bool(text) and Path(text).expanduser().exists()
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise InputError(f"{what} {spec[:80]!r}… cannot be a path here ({err.strerror}); give a shorter one.") from None
+    if is_path:
         check_sae_folder(Path(text).expanduser())
         return DictionarySource(text, "folder", str(Path(text).expanduser()))
     if head and rest and not head.startswith((".", "/", "~")):

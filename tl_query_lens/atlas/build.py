@@ -223,7 +223,7 @@ def _assign(units: list[Unit], n_dicts: int, rank: int, world: int) -> list[Unit
     if world == 1:
         return units
     if n_dicts >= world:
-        order = {}
+        order: dict[str, int] = {}
         for u in units:
             order.setdefault(u.dictionary.slug, len(order))
         return [u for u in units if order[u.dictionary.slug] % world == rank]
@@ -343,7 +343,7 @@ def build_atlas(
 
 def _finished(out: Path, unit: Unit) -> bool:
     shard = read_shard(out, unit.dictionary.slug, unit.start)
-    return bool(shard) and shard.get("fingerprint") == unit.fingerprint and shard.get("ids") == unit.ids.tolist()
+    return shard is not None and shard.get("fingerprint") == unit.fingerprint and shard.get("ids") == unit.ids.tolist()
 
 
 def _attached(cfg: AtlasConfig, dictionaries: list[AtlasDictionary]) -> dict[str, list[SavableResult]]:
@@ -364,7 +364,7 @@ def _attached(cfg: AtlasConfig, dictionaries: list[AtlasDictionary]) -> dict[str
 def load_any_result(folder: Path) -> SavableResult:
     """A saved result of any class (the one its ``result.json`` names)."""
     record = read_json(folder / "result.json", fix="Pass a folder written by a result's .save().")
-    classes: dict[str, type] = {}
+    classes: dict[str, type[SavableResult]] = {}
     pending = [SavableResult]
     while pending:
         cls = pending.pop()
@@ -386,7 +386,7 @@ class _Quality:
         self.fired = torch.zeros(d.d_sae, dtype=torch.bool)
         self.exact = d.kind == "ffkv" and getattr(d.sae.cfg, "variant", "") == "vanilla"
         self.err = 0.0
-        self.sum = None
+        self.sum: torch.Tensor | None = None
         self.sq = 0.0
 
     @torch.no_grad()

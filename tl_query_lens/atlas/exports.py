@@ -118,6 +118,7 @@ def export_all(out: Path, model, entries: list[dict]) -> Path:
         cards = out / "exports" / "circuit-tracer" / e["slug"]
         for start, *_ in e["shards"]:
             shard = read_shard(out, e["slug"], start)
+            assert shard is not None, f"shard {start} of {e['slug']} vanished during the export"
             strings = shard["strings"]
             for feature in shard["features"]:
                 rows.features.append(_neuron(mid, e["slug"], e["read_hook"], feature, strings))

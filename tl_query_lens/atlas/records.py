@@ -103,7 +103,8 @@ def unit_records(
 ) -> UnitRecords:
     """Records of every feature of ``stats`` (see the module docstring)."""
     strings = Strings(tokenizer)
-    records, postings = [], {}
+    records: list = []
+    postings: dict = {}
     edges = HIST_EDGES.tolist()
     for row, feature in enumerate(stats.ids.tolist()):
         fires = int(stats.fires[row])
@@ -147,7 +148,7 @@ def unit_records(
                         )
                     ]
                 }
-                if lists.bottom_ids is not None and name in VALUE_METHODS:
+                if lists.bottom_ids is not None and lists.bottom_scores is not None and name in VALUE_METHODS:
                     entry["bottom"] = [
                         [strings(t), sig_round(s)]
                         for t, s in zip(

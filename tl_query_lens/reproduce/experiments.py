@@ -89,7 +89,7 @@ def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
 def table1_saes(model, size: Size, workdir: Path) -> SavableResult:
     """Query Lens Table 1 under the paper's protocol on the shipped residual SAEs' features (§3)."""
     layers = SUITE_LAYERS if size == "full" else (12, 24)
-    saes = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
+    saes: dict[int | str, Any] = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
     per_layer, n_seqs, n_prompts, n_generate = (13, 128, 2, 10) if size == "full" else (6, 48, 1, 5)
     cfg = Table1Config(
         protocol="paper",
