@@ -389,16 +389,7 @@ class SubspaceChannelsConfig(ChannelConfig):
     chunk: InitVar[int | None] = None
     cache_dir: InitVar[str | None] = None
 
-    RANGES: ClassVar[dict[str, str]] = {
-        "rank": "[1, inf)",
-        "train_frac": "(0, 1)",
-        "seed": "[0, 4294967295]",
-        "lr": "(0, inf)",
-        "epochs": "[0, inf)",
-        "init_std": "[0, inf)",
-        "n_permutations": "[0, inf)",
-        "operator_layers": "[0, inf)",
-    }
+    RANGES: ClassVar[dict[str, str]] = ChannelConfig.RANGES | {"operator_layers": "[0, inf)"}
 
     def __post_init__(  # type: ignore[override]
         self, skip_positions: int | None, chunk: int | None, cache_dir: str | None

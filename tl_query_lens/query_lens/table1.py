@@ -70,15 +70,7 @@ class Table1Config(EvaluationConfig):
     cache_dir: InitVar[str | None] = None
     up_key: bool = False
 
-    RANGES: ClassVar[dict[str, str]] = {
-        "n_contexts": "[1, inf)",
-        "kl_targets": "(0, inf)",
-        "n_generate": "[1, inf)",
-        "temperature": "(0, inf)",
-        "seed": "[0, 4294967295]",
-        "n_steps": "[1, inf)",
-        "n_steered": "[1, inf)",
-        "tc_values": "(0, inf)",
+    RANGES: ClassVar[dict[str, str]] = EvaluationConfig.RANGES | {
         "k": "[1, inf)",
         "features_per_layer": "[1, inf)",
         "features": "[0, inf)",
