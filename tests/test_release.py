@@ -83,6 +83,20 @@ def test_packed_dictionary_loads_through_saelens_within_the_int8_bound(shipped):
     assert torch.allclose(hooked.run_with_saes(tokens, saes=[loaded]), hooked.run_with_saes(tokens, saes=[by_hand]))
 
 
+def test_cache_entry_shadows_the_shipped_one_except_inside_shipped_only(shipped):
+    """A retrained dictionary in the cache wins by default; ``shipped_only()`` (tlql reproduce) reads the package's."""
+    model = tiny_model("gelu_ln")
+    packed = _pack_one(model, shipped)
+    retrained = _topk_sae(model, seed=1)
+    retrained.save_model(SAES_RELEASES.cached_path("tiny-test", SID))
+    assert torch.equal(SAE.from_pretrained("tlql-saes-tiny-test", SID).W_dec, retrained.W_dec.detach())
+    with releases.shipped_only():
+        inside = SAE.from_pretrained("tlql-saes-tiny-test", SID).W_dec
+    step = packed.W_dec.detach().abs().amax(dim=1, keepdim=True) / 127
+    assert torch.all((inside - packed.W_dec.detach()).abs() <= step / 2 + 1e-7)
+    assert torch.equal(SAE.from_pretrained("tlql-saes-tiny-test", SID).W_dec, retrained.W_dec.detach())  # reset
+
+
 def test_altered_or_missing_file_names_the_file_and_the_fix(shipped):
     _pack_one(tiny_model("gelu_ln"), shipped)
     weights = shipped / "tlql-saes-tiny-test" / SID / "sae_weights.int8.safetensors"

@@ -16,11 +16,14 @@ feature's row of ``W_dec`` or column of ``W_enc``) and whose vectors stay float3
 the dtype asked for. ``manifest.json`` of each release records the sha256 of every file; the loader checks a
 dictionary's files against it before reading them, so a truncated or edited file raises :class:`CorruptFileError`
 naming the file, never a wrong dictionary. Lookup order: a complete dictionary the user trained or fitted into the
-cache, then the shipped one, then the hub repo.
+cache, then the shipped one, then the hub repo. Inside ``with shipped_only():`` the cache is passed over, so a figure
+documented for the shipped files (``tlql reproduce``) is measured on them even where the user has retrained the suite.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -47,6 +50,22 @@ QUANTISED_WEIGHTS = "sae_weights.int8.safetensors"
 MANIFEST = "manifest.json"
 _SCALE = ".scale"
 _INT8 = ".int8"
+
+
+_SHIPPED_ONLY = contextvars.ContextVar("tlql_shipped_only", default=False)
+
+
+@contextlib.contextmanager
+def shipped_only() -> Iterator[None]:
+    """Within this block, shipped releases load from the package's files, never from a same-named cache entry.
+
+    Releases with no shipped copy of an id still load from the cache (or hub) as usual.
+    """
+    token = _SHIPPED_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHIPPED_ONLY.reset(token)
 
 
 def shipped_root() -> Path:
@@ -240,16 +259,18 @@ class LocalReleases:
         force_download: bool = False,
         cfg_overrides: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor], torch.Tensor | None]:
-        """SAELens loader: ``folder_name`` is ``"<model>/<sae_id>"``; the user cache first, then the hub repo."""
+        """SAELens loader: ``folder_name`` is ``"<model>/<sae_id>"``; the user cache, the shipped files, the hub repo."""
         model_name, _, sae_id = folder_name.partition("/")
         local = self.cached_path(model_name, sae_id)
         overrides = {k: v for k, v in (cfg_overrides or {}).items() if k in ("device", "dtype")}
-        if (local / "cfg.json").exists() and not force_download:
+        shipped = self.shipped_dir(model_name)
+        is_shipped = (shipped / sae_id / "cfg.json").exists()
+        if (local / "cfg.json").exists() and not force_download and not (is_shipped and _SHIPPED_ONLY.get()):
             logger.info("loading %s/%s from the user cache (%s)", self.release_name(model_name), sae_id, local)
             cfg, state = sae_lens_disk_loader(local, device=device, cfg_overrides=overrides)
             return cfg, state, None
-        shipped = self.shipped_dir(model_name)
-        if (shipped / sae_id / "cfg.json").exists():
+        if is_shipped:
+            logger.info("loading %s/%s shipped with the package (%s)", self.release_name(model_name), sae_id, shipped)
             cfg, state = read_shipped(shipped, sae_id, device=device, cfg_overrides=overrides)
             return cfg, state, None
         hub_error = "no hub repo is listed for it"

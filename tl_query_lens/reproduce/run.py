@@ -4,7 +4,9 @@ dictionaries, resumable experiment by experiment, and set each figure beside the
 Each experiment's result is saved under ``<out>/experiments/<name>`` as soon as it finishes; a rerun with the same
 size loads it instead of measuring again (delete the folder to re-measure). The documented value of a row and its
 interval (the recorded run's bootstrap CI, or ± the row's tolerance) come from ``documented.json`` beside this
-module, written from a measured run with ``record=True``.
+module, written from a measured run with ``record=True``. The documented figures are of the shipped release, so every
+experiment loads the shipped files (:func:`~tl_query_lens.releases.shipped_only`), even where the user cache holds a
+retrained suite or readout SAE under the same release and id.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, ClassVar, Literal
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import InputError
 from tl_query_lens.presentation import Table
+from tl_query_lens.releases import shipped_only
 from tl_query_lens.reproduce import rows as row_table
 from tl_query_lens.reproduce.experiments import EXPERIMENTS
 from tl_query_lens.reproduce.rows import Row, rows_for
@@ -159,7 +162,8 @@ def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float
         return experiment.result_cls.load(folder / "result")
     print(f"[{name}] {experiment.what} ({size}: {experiment.sizes[size]})", flush=True)
     start = time.perf_counter()
-    result = experiment.run(model, size, folder)  # type: ignore[arg-type]
+    with shipped_only():  # the documented figures are of the shipped files, not of a retrained cache entry
+        result = experiment.run(model, size, folder)  # type: ignore[arg-type]
     seconds[name] = time.perf_counter() - start
     result.save(folder / "result")
     atomic_write_text(marker, json.dumps({"size": size, "seconds": seconds[name]}))
