@@ -554,3 +554,9 @@ def test_model_size_limits_after_loading_another_model(case, argv, expected, tmp
     assert main([*argv, "--model", "gpt2", "--out", str(tmp_path / "o"), "--no-wandb"]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err, err
+
+
+def test_a_trailing_newline_is_not_a_plain_name():
+    """``$`` matches before a final newline: ``"0\\n"`` must get a hashed folder name, not itself (Hypothesis found it)."""
+    assert result_name("0\n") != "0\n"
+    plain_name(result_name("0\n"))

@@ -63,7 +63,7 @@ def result_name(label: Any) -> str:
     most 100 characters), else a readable version of it plus ``~`` and 10 hex digits of its SHA-256. Different
     labels give different names (``~`` never occurs in a label kept as it is)."""
     text = str(label)
-    if _SAFE.match(text) and len(text) <= 100:
+    if _SAFE.fullmatch(text) and len(text) <= 100:
         return text
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")[:60] or "_"
     return f"{readable}~{hashlib.sha256(text.encode('utf-8')).hexdigest()[:10]}"
