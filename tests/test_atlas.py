@@ -429,3 +429,19 @@ def test_two_torchrun_ranks_write_the_same_files_as_one(tmp_path):
     one, two = _files(tmp_path / "one"), _files(tmp_path / "two")
     assert len(one) > 10 and one.keys() == two.keys()
     assert [k for k in one if one[k] != two[k]] == []
+
+
+def test_default_lists_the_shipped_suite_under_the_models_own_name():
+    """The embedded model calls itself 'SmolLM2-135M-Instruct'; its releases are named 'tlql-saes-smollm2-135m'. The
+    'default' atlas once looked them up under the model's own name, found none and built the FF-KV neurons only."""
+    from tl_query_lens.atlas.dictionaries import expand_specs
+    from tl_query_lens.releases import shipped_root
+
+    shipped = sorted(p.parent.name for p in (shipped_root() / "tlql-saes-smollm2-135m").glob("*/cfg.json"))
+    assert len(shipped) == 8
+    for name in ("SmolLM2-135M-Instruct", "smollm2-135m"):
+        sources = expand_specs(("default",), name, [0, 1])
+        listed = [(s.location, s.sae_id) for s in sources if s.kind == "pretrained"]
+        assert [sid for loc, sid in listed if loc == "tlql-saes-smollm2-135m"] == shipped
+        assert ("tlql-readout-smollm2-135m", "small") in listed
+        assert sum(s.kind == "ffkv" for s in sources) == 2

@@ -24,7 +24,7 @@ def test_quick_atlas_of_the_embedded_model(tmp_path, embedded_model):
     features = {f["i"]: (f, s["strings"]) for p in shards for s in [json.loads(p.read_text())] for f in s["features"]}
     assert sorted(features) == list(range(256))
     # the top contexts of a few features against a direct pass over the same corpus windows
-    tokens = load_corpus("embedded", embedded_model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation")
+    tokens = load_corpus("embedded", embedded_model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split=cfg.split)
     sae = FFKV.from_model(embedded_model, QUICK_LAYER)
     hook = sae.cfg.metadata.hook_name
     with torch.no_grad():
@@ -39,3 +39,18 @@ def test_quick_atlas_of_the_embedded_model(tmp_path, embedded_model):
     assert (out / "exports" / "neuronpedia" / "source.jsonl").is_file()
     assert len(list((out / "exports" / "circuit-tracer" / f"{QUICK_LAYER}-ffkv").glob("*.json"))) == 256
     assert Path(out / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_the_default_corpus_split_holds_the_atlas_tokens(embedded_model):
+    """The default atlas reads 102,400 tokens, more than the embedded evaluation split holds (49k): it reads the
+    train split (155k) unless told otherwise (it once stopped at the corpus with the defaults)."""
+    from tl_query_lens import load_corpus
+    from tl_query_lens.atlas import AtlasConfig
+
+    cfg = AtlasConfig()
+    assert cfg.n_tokens >= 100_000
+    tokens = load_corpus(cfg.corpus, embedded_model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split=cfg.split)
+    assert tokens.shape == (cfg.n_seqs, cfg.seq_len) and tokens.numel() >= 100_000
+    with pytest.raises(ValueError, match="split"):
+        AtlasConfig(split="test")  # type: ignore[arg-type]

@@ -268,9 +268,7 @@ def build_atlas(
     dictionaries = load_atlas_dictionaries(model, sources_parsed)
     attached = _attached(cfg, dictionaries)
     if tokens is None:
-        tokens = load_corpus(
-            cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split="evaluation", seed=cfg.seed
-        )
+        tokens = load_corpus(cfg.corpus, model, n_seqs=cfg.n_seqs, seq_len=cfg.seq_len, split=cfg.split, seed=cfg.seed)
     if lens is not None:
         operator_tokens = lens.tokens
     if cfg.signatures and operator_tokens is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tl_query_lens.config import check_ranges
+from tl_query_lens.corpus import Split
 
 QUICK_LAYER = 20  # the one FF-KV layer of the quick atlas
 
@@ -25,6 +26,8 @@ class AtlasConfig:
         layers: layers of the plain 'ffkv' and 'default' entries, e.g. '12', '0-29' or 'all'.
         features: feature ids built per dictionary, e.g. '0-255' (None: every feature).
         corpus: corpus of the max-activating contexts and the operators ('embedded', 'stdlib', a file or folder).
+        split: split of ``corpus`` the contexts are drawn from ('train', 'calibration', 'evaluation'). The default,
+            'train', is the only split of the embedded corpus that holds >= 100k tokens (155k; evaluation: 49k).
         seed: seed of the corpus windows and of the quantile-band samples.
         n_tokens: corpus tokens of the single forward pass shared by every dictionary (>= 100k for the full atlas).
         seq_len: tokens per corpus window (one context).
@@ -52,6 +55,7 @@ class AtlasConfig:
     layers: str = "all"
     features: str | None = None
     corpus: str = "embedded"
+    split: Split = "train"
     seed: int = 0
     n_tokens: int = 102_400
     seq_len: int = 64
@@ -123,6 +127,8 @@ class AtlasConfig:
             raise ValueError(f"n_tokens={self.n_tokens} is less than one window of seq_len={self.seq_len}.")
         if self.exclude_first_positions >= self.seq_len:
             raise ValueError(f"exclude_first_positions must be below seq_len={self.seq_len}.")
+        if self.split not in ("train", "calibration", "evaluation"):
+            raise ValueError(f"split must be 'train', 'calibration' or 'evaluation', got {self.split!r}.")
         if not self.dictionary:
             raise ValueError("dictionary is empty; give 'default' or dictionary specs.")
         for item in self.attach:

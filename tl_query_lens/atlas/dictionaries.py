@@ -58,7 +58,12 @@ def _set_name(source: DictionarySource, kind: str) -> str:
 
 
 def expand_specs(specs: tuple[str, ...], model_name: str, layers: list[int]) -> list[DictionarySource]:
-    """Parse every spec (an unknown one raises before anything loads); 'default' and 'ffkv' cover ``layers``."""
+    """Parse every spec (an unknown one raises before anything loads); 'default' and 'ffkv' cover ``layers``.
+
+    ``model_name`` may be the model's own name (``model.cfg.model_name``, e.g. 'SmolLM2-135M-Instruct'): the release
+    lookups use the package's short name for it ('smollm2-135m'), as the releases are named.
+    """
+    model_name = _ALIASES.get(model_name.lower(), model_name)
     out: list[DictionarySource] = []
     for spec in specs:
         if spec == "default":
