@@ -210,6 +210,25 @@ def test_readout_features_list_the_rows_with_the_largest_codes(tmp_path):
         assert [int(strings[s]) for s, _ in f.get("readout", [])] == want
 
 
+def test_a_readout_dictionary_with_all_its_features_gets_the_signatures_its_hook_allows(tmp_path):
+    """A readout SAE reads ln_final.hook_normalized: no value operator or module shares start there. With every
+    feature asked for (the full operators), the build once stopped in the operator precompute; now the key and the
+    logit-lens signatures are built and the others are listed as not available, with the engine's reason."""
+    model = tiny_model("gelu_ln")
+    sae = tiny_readout(model, d_sae=64)
+    assert sae.cfg.d_sae >= model.cfg.d_model  # the identity basis: full operators
+    sae.save_model(tmp_path / "readout")
+    cfg = _cfg(tmp_path / "atlas", dictionary=(str(tmp_path / "readout"),), n_links=4)
+    _build(model, cfg)
+    slug = next(p.name for p in (tmp_path / "atlas" / "shards").iterdir())
+    features = _features(tmp_path / "atlas", slug)
+    assert sorted(features) == list(range(64))
+    f, _ = features[5]
+    assert {"LL_VALUE", "QL_KEY"} <= set(f["sig"]), f.keys()
+    assert "Value operators start at a block hook" in f["sig_missing"]["QL_VALUE"]
+    assert "QL_VALUE_1st" in f["sig_missing"]
+
+
 # Neuronpedia's database schema, hijohnnylin/neuronpedia apps/webapp/prisma/schema.prisma (commit 78c4d43):
 # the scalar columns of `model Neuron` and `model Activation` (relations left out), and those without a default.
 NEURON_COLUMNS = {

@@ -364,6 +364,12 @@ def _widths(model: HookedTransformer, hooks: list[str]) -> dict[str, int]:
     return hook_dims(model, unique)
 
 
+def check_value_source(name: str) -> None:
+    """Raise unless ``name`` can start a value operator (a block hook or ``hook_embed``)."""
+    if hook_layer(name) is None and name != EMBED_HOOK:
+        raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
+
+
 def value_operators(
     model: HookedTransformer,
     tokens: Int[torch.Tensor, "batch pos"],
@@ -406,8 +412,7 @@ def value_operators(
     final = final_hook(model) if destination is None else destination
     widths = _widths(model, [*hooks, final])
     for name in hooks:
-        if hook_layer(name) is None and name != EMBED_HOOK:
-            raise ValueError(f"Value operators start at a block hook or hook_embed, not {name!r}.")
+        check_value_source(name)
         if destination is not None and _depth(name) > _depth(final):
             raise ValueError(f"Source {name!r} lies downstream of destination {final!r}: it cannot move it.")
     if direction == "reverse":

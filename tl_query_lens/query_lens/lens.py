@@ -48,7 +48,7 @@ from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.operators import EngineConfig, OperatorSet, key_operators, module_operators, value_operators
-from tl_query_lens.operators.engine import basis_fingerprint, check_tokens
+from tl_query_lens.operators.engine import basis_fingerprint, check_tokens, check_value_source
 from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
 
@@ -149,15 +149,20 @@ class QueryLens:
             value_methods / key_methods: the signature methods that will be asked for (``"logit_lens"`` needs no
                 operator, ``"full"`` the value / key operator, ``"first_order"`` the downstream module operators).
             value_hooks / key_hooks / module_layers: operators by hook name / block, for dictionaries-free use.
+
+        A method a dictionary does not allow (a value operator or module shares from ``ln_final.hook_normalized``,
+        where a readout SAE reads) is passed over here; asking for its signatures raises with the reason.
         """
         value_hooks, key_hooks, module_layers = list(value_hooks), list(key_hooks), list(module_layers)
         direct: dict[str, str] = {}  # post-norm sources → their write hook (the first-order direct term)
         for dictionary in dictionaries:
             view = as_key_value(dictionary, self.model)
-            if "full" in value_methods:
-                value_hooks.append(view.value_source or view.value_hook)
-            if "first_order" in value_methods:
-                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, self.model.cfg.n_layers)]  # type: ignore[misc]
+            source = view.value_source or view.value_hook
+            if "full" in value_methods and _allowed(check_value_source, source):
+                value_hooks.append(source)
+            n_layers = self.model.cfg.n_layers
+            if "first_order" in value_methods and _allowed(downstream_modules, view.value_hook, n_layers):
+                module_layers += [hook_layer(n) for n in downstream_modules(view.value_hook, n_layers)]  # type: ignore[misc]
                 if view.value_source is not None:
                     direct[view.value_source] = view.write_hook
             if "full" in key_methods:
@@ -559,3 +564,12 @@ class QueryLens:
         flat = tokenizer.batch_decode([[i] for i in ids.reshape(-1).tolist()])
         width = ids.shape[1]
         return [flat[r * width : (r + 1) * width] for r in range(ids.shape[0])]
+
+
+def _allowed(check, *args) -> bool:
+    """Whether ``check(*args)`` passes (it raises ValueError for a hook the method does not allow)."""
+    try:
+        check(*args)
+    except ValueError:
+        return False
+    return True
