@@ -51,7 +51,7 @@ def _features(out: Path, slug: str) -> dict[int, dict]:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    skip = ("result/", "wandb")
+    skip = ("result/", "wandb", "operators/")  # the operator cache: grouped by each rank's sweeps
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
@@ -143,6 +143,33 @@ def test_an_added_dictionary_is_built_alone_and_the_index_lists_both(built, tmp_
     assert (result.shards_built, result.shards_reused) == (2, 2)
     index = (out / "data" / "index.js").read_text()
     assert index.startswith("ATLAS.index(") and '"slug":"2-ffkv"' in index and '"slug":"1-ffkv"' in index
+
+
+def test_an_added_dictionary_sweeps_no_operator_and_rewrites_no_other_export(tmp_path, monkeypatch):
+    """A dictionary added at hooks the atlas already swept reads its operators from the atlas's operator cache (a
+    subset of the all-layer sweep), and the exports of the dictionaries already there are not written again."""
+    from tl_query_lens.operators import engine
+
+    model = tiny_model("gelu_ln")
+    out = tmp_path / "atlas"
+    _build(model, _cfg(out, dictionary=("ffkv:1", "ffkv:2")))
+    assert list((out / "operators").glob("*.safetensors"))
+    kept = sorted((out / "exports" / "circuit-tracer").rglob("*.json"))
+    kept += sorted((out / "exports" / "neuronpedia" / "v1").rglob("*.gz"))
+    mtimes = {p: p.stat().st_mtime_ns for p in kept}
+
+    def boom(*args, **kwargs):
+        raise AssertionError("an operator the atlas holds was swept again")
+
+    monkeypatch.setattr(engine, "_run_sweep", boom)
+    result, _, _ = _build(model, _cfg(out, dictionary=("ffkv:1", "ffkv:2", "ffkv:1:topk:4")))
+    assert (result.shards_built, result.shards_reused) == (2, 4)
+    assert {p: p.stat().st_mtime_ns for p in kept} == mtimes
+    (added,) = [d["slug"] for d in result.dictionaries if d["slug"] not in ("1-ffkv", "2-ffkv")]
+    cards = list((out / "exports" / "circuit-tracer" / added).glob("*.json"))
+    assert len(cards) == 64 and list((out / "exports" / "neuronpedia" / "v1").glob(f"*/{added}/features/*.gz"))
+    sources = (out / "exports" / "neuronpedia" / "source.jsonl").read_text()
+    assert all(f'"id": "{s}"' in sources or f'"id":"{s}"' in sources for s in ("1-ffkv", "2-ffkv", added))
 
 
 def test_quality_row_matches_the_splice_metrics(tmp_path):

@@ -111,6 +111,37 @@ def test_save_load_and_cache_reuse(tmp_path, monkeypatch):
         value_operators(model, tokens[:2], VALUE_HOOKS, cache_dir=tmp_path, progress=False)
 
 
+def test_a_subset_of_hooks_is_read_from_a_larger_cached_sweep(tmp_path, monkeypatch):
+    """An added dictionary asks for one hook that an earlier all-layer sweep holds: no new sweep, the same sums;
+    another method (forward direction), corpus or weights still computes."""
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model)
+    ops = value_operators(model, tokens, VALUE_HOOKS, cache_dir=tmp_path, progress=False)
+    module = module_operators(model, tokens, cache_dir=tmp_path, progress=False)
+    real, calls = engine._run_sweep, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_run_sweep", counted)
+    one = value_operators(model, tokens, VALUE_HOOKS[1:], cache_dir=tmp_path, progress=False)
+    later = module_operators(model, tokens, layers=[1], cache_dir=tmp_path, progress=False)
+    assert calls == []
+    assert one.hooks == VALUE_HOOKS[1:] and torch.equal(one.sums[VALUE_HOOKS[1]], ops.sums[VALUE_HOOKS[1]])
+    assert one.count == ops.count and torch.equal(later.sums["blocks.1.mlp"], module.sums["blocks.1.mlp"])
+    value_operators(model, tokens, VALUE_HOOKS[1:], cache_dir=tmp_path, direction="forward", progress=False)
+    assert len(calls) > 0
+    calls.clear()
+    value_operators(model, tokens[:2], VALUE_HOOKS[1:], cache_dir=tmp_path, progress=False)
+    assert len(calls) > 0
+    calls.clear()
+    with torch.no_grad():
+        model.blocks[1].mlp.W_out.add_(0.01)
+    value_operators(model, tokens, VALUE_HOOKS[1:], cache_dir=tmp_path, progress=False)
+    assert len(calls) > 0
+
+
 def test_interrupted_run_resumes(tmp_path, monkeypatch):
     model = tiny_model("gated_rms")
     tokens = tiny_tokens(model, n_seqs=4)

@@ -39,10 +39,9 @@ from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_sign
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
     clear_partial,
-    folder_bytes,
     free_bytes,
     js_call,
-    read_shard,
+    read_shard_meta,
     search_index,
     write_shard,
     write_static,
@@ -264,6 +263,8 @@ def build_atlas(
     rank, world = _rank_world()
     specs = tuple(sources) if sources else cfg.dictionary
     _check_out(out, model)
+    if cfg.operator_cache is not None:
+        check_folder(cfg.operator_cache, "--operator-cache")
     sources_parsed = expand_specs(specs, str(model.cfg.model_name), _layers(cfg.layers, model.cfg.n_layers))
     dictionaries = load_atlas_dictionaries(model, sources_parsed)
     attached = _attached(cfg, dictionaries)
@@ -340,7 +341,7 @@ def build_atlas(
 
 
 def _finished(out: Path, unit: Unit) -> bool:
-    shard = read_shard(out, unit.dictionary.slug, unit.start)
+    shard = read_shard_meta(out, unit.dictionary.slug, unit.start)
     return shard is not None and shard.get("fingerprint") == unit.fingerprint and shard.get("ids") == unit.ids.tolist()
 
 
@@ -479,7 +480,7 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
     if not cfg.signatures:
         lens = None
     elif lens is None:
-        lens = QueryLens(model, operator_tokens, progress=progress)
+        lens = QueryLens(model, operator_tokens, progress=progress, cache_dir=cfg.operator_cache or out / "operators")
     if lens is not None:
         full = [u.dictionary for u in units if _basis(u.dictionary, cfg, model) == "identity"]
         full = list({d.slug: d for d in full}.values())
@@ -547,14 +548,17 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
     postings: dict[str, list[tuple[str, int, float]]] = {}
     entries = []
     total = 0
+    shard_bytes, shard_gzip = 0, 0
     for d in tqdm(dictionaries, desc="atlas: index", disable=True):
         starts = [u.start for u in units if u.dictionary.slug == d.slug]
         n = 0
         ranges = []
         for s in starts:
-            shard = read_shard(out, d.slug, s)
+            shard = read_shard_meta(out, d.slug, s)
             if shard is None:
                 raise RuntimeError(f"shard {d.slug}/{s} is missing after the build")
+            shard_bytes += shard["js_bytes"]
+            shard_gzip += shard["js_gzip_bytes"]
             n += len(shard["ids"])
             ranges.append([s, shard["ids"][0], shard["ids"][-1], len(shard["ids"])])
             for key, refs in shard["postings"].items():
@@ -597,15 +601,17 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
             "QL_KEY": "Query Lens key: centred embeddings · N_lᵀ k",
         },
     }
-    atomic_write_text(out / "data" / "index.js", js_call("index", index))
-    atomic_write_text(out / "data" / "search.js", js_call("search", search_index(postings)))
+    top = [js_call("index", index), js_call("search", search_index(postings))]
+    atomic_write_text(out / "data" / "index.js", top[0])
+    atomic_write_text(out / "data" / "search.js", top[1])
     write_static(out)
     if cfg.exports:
-        export_all(out, model, entries)
+        export_all(out, model, entries, {u.dictionary.slug: u.fingerprint for u in units})
     result.n_features = total
     result.n_tokens = n_tokens
-    result.bytes_total = folder_bytes(out / "data")
-    result.bytes_gzip = sum(len(gzip.compress(p.read_bytes(), 6)) for p in (out / "data").rglob("*.js"))
+    encoded = [t.encode("utf-8") for t in top]
+    result.bytes_total = shard_bytes + sum(len(b) for b in encoded)
+    result.bytes_gzip = shard_gzip + sum(len(gzip.compress(b, 6)) for b in encoded)
 
 
 def _finite(value: Any) -> Any:

@@ -46,6 +46,9 @@ class AtlasConfig:
         attach: saved results shown on a dictionary page, '<dictionary label>=<result folder>' (a certificate, an
             absorption result or any saved result), comma-separated.
         exports: also write Neuronpedia's bulk-import layout and circuit-tracer feature cards.
+        operator_cache: folder where the Query Lens operators are kept (None: ``<out>/operators``). A later build on
+            the same operator corpus, an added dictionary included, reads the operators of its hooks from there
+            instead of sweeping the model again.
         quick: a first look in a minute or two: one FF-KV layer, 256 features, a small corpus (options given
             explicitly still win).
     """
@@ -75,6 +78,7 @@ class AtlasConfig:
     shard_size: int = 256
     attach: tuple[str, ...] = ()
     exports: bool = True
+    operator_cache: Path | None = None
     quick: bool = False
 
     RANGES: ClassVar[dict[str, str]] = {
@@ -99,6 +103,8 @@ class AtlasConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
         self.out = Path(self.out)
+        if self.operator_cache is not None:
+            self.operator_cache = Path(self.operator_cache)
         if isinstance(self.dictionary, str):
             self.dictionary = tuple(s.strip() for s in self.dictionary.split(",") if s.strip())
         if isinstance(self.attach, str):
@@ -156,5 +162,5 @@ class AtlasConfig:
 
     def fingerprint_fields(self) -> dict:
         """The fields a finished shard depends on (a resumed build reuses a shard only when they match)."""
-        skip = {"out", "dictionary", "layers", "features", "attach", "exports", "quick", "shard_size"}
+        skip = {"out", "dictionary", "layers", "features", "attach", "exports", "operator_cache", "quick", "shard_size"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}

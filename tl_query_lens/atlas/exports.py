@@ -14,13 +14,21 @@ frontend reads (``index``, ``examples_quantiles``, ``top_logits``, ``bottom_logi
 from __future__ import annotations
 
 import json
+import shutil
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from tl_query_lens.atlas.records import sig_round
 from tl_query_lens.atlas.site import read_shard
-from tl_query_lens.report.neuronpedia import SourceRows, activation_row, model_id, neuron_row, write_bulk
+from tl_query_lens.report.neuronpedia import (
+    SourceRows,
+    activation_row,
+    model_id,
+    neuron_row,
+    write_bulk,
+    write_source,
+)
 from tl_query_lens.results import atomic_write_text
 
 
@@ -109,13 +117,30 @@ def feature_card(slug: str, feature: dict, strings: list[str]) -> dict[str, Any]
     }
 
 
-def export_all(out: Path, model, entries: list[dict]) -> Path:
-    """Write both exports of the atlas in ``out`` (``entries``: the index's dictionary entries)."""
+def export_all(out: Path, model, entries: list[dict], fingerprints: dict[str, str] | None = None) -> Path:
+    """Write both exports of the atlas in ``out`` (``entries``: the index's dictionary entries).
+
+    ``fingerprints`` (slug → the inputs' fingerprint of its shards): a dictionary whose exports were written from the
+    same shards (``exports/stamps/<slug>.json``) is not written again, so adding a dictionary to a built atlas writes
+    only its own files and the release-level JSONL."""
     mid = model_id(str(model.cfg.model_name))
     sources = []
     for e in entries:
         rows = SourceRows(e["slug"], e["label"])
+        sources.append(rows)
+        stamp_path = out / "exports" / "stamps" / f"{e['slug']}.json"
+        stamp = {"fingerprint": (fingerprints or {}).get(e["slug"]), "shards": e["shards"], "model": mid}
+        if stamp["fingerprint"] is not None and stamp_path.is_file():
+            try:
+                if json.loads(stamp_path.read_text(encoding="utf-8")) == stamp:
+                    continue
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                pass
+        stamp_path.unlink(missing_ok=True)
         cards = out / "exports" / "circuit-tracer" / e["slug"]
+        if cards.is_dir():
+            shutil.rmtree(cards)
+        cards.mkdir(parents=True)
         for start, *_ in e["shards"]:
             shard = read_shard(out, e["slug"], start)
             assert shard is not None, f"shard {start} of {e['slug']} vanished during the export"
@@ -125,6 +150,8 @@ def export_all(out: Path, model, entries: list[dict]) -> Path:
                 rows.activations.extend(_activations(mid, e["slug"], feature, strings))
                 rows.extras.append(_extras(mid, e["slug"], feature, strings))
                 card = feature_card(e["slug"], feature, strings)
-                atomic_write_text(cards / f"{feature['i']}.json", json.dumps(card, ensure_ascii=False))
-        sources.append(rows)
+                (cards / f"{feature['i']}.json").write_text(json.dumps(card, ensure_ascii=False), encoding="utf-8")
+        write_source(out / "exports" / "neuronpedia", mid, rows)
+        atomic_write_text(stamp_path, json.dumps(stamp))  # last: a stopped export is redone
+        rows.features, rows.activations, rows.extras = [], [], []  # this source is on disk; free its rows
     return write_bulk(out / "exports" / "neuronpedia", model, sources, release=f"tlql-atlas-{mid}")

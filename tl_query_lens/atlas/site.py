@@ -8,10 +8,14 @@ Layout of ``out/``::
     data/search.js                           ATLAS.search({...}): token string → features, ranked by weight
     data/<slug>/<start>.js                   ATLAS.shard("<slug>", <start>, {strings, features})
     shards/<slug>/<start>.json               the same shard for Python (exports, resuming), with its fingerprint
+    meta/<slug>/<start>.json                 its fingerprint, feature ids, search postings and sizes (resuming, the index)
+    operators/                               the Query Lens operators (``operator_cache``), reused by later builds
+    exports/stamps/<slug>.json               the shards a dictionary's exports were written from (not rewritten)
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -36,12 +40,31 @@ def shard_paths(out: Path, slug: str, start: int) -> tuple[Path, Path]:
     return out / "data" / slug / f"{start}.js", out / "shards" / slug / f"{start}.json"
 
 
+def _meta_path(out: Path, slug: str, start: int) -> Path:
+    return out / "meta" / slug / f"{start}.json"
+
+
 def write_shard(out: Path, slug: str, start: int, strings: list[str], features: list[dict], meta: dict) -> None:
-    """The JSON copy first, the JavaScript last: a shard whose JSON exists but whose JS does not is redone."""
+    """The JSON copy first, then the JavaScript, then the small ``meta/<slug>/<start>.json`` (``meta`` plus the JavaScript file's
+    raw and gzip sizes): a shard whose JavaScript is missing is redone; a missing sidecar is rebuilt from the JSON."""
     js, raw = shard_paths(out, slug, start)
     payload = {"strings": strings, "features": features}
     atomic_write_text(raw, json.dumps({**meta, **payload}, separators=(",", ":"), ensure_ascii=False))
-    atomic_write_text(js, js_call("shard", slug, start, payload))
+    text = js_call("shard", slug, start, payload)
+    atomic_write_text(js, text)
+    _write_meta(out, slug, start, meta, text.encode("utf-8"))
+
+
+def _write_meta(out: Path, slug: str, start: int, meta: dict, js_bytes: bytes) -> dict:
+    sizes = {"js_bytes": len(js_bytes), "js_gzip_bytes": len(gzip.compress(js_bytes, 6))}
+    record = {**{k: meta[k] for k in META_KEYS if k in meta}, **sizes}
+    atomic_write_text(_meta_path(out, slug, start), json.dumps(record, separators=(",", ":"), ensure_ascii=False))
+    return record
+
+
+#: What a shard's ``meta/`` file holds besides the sizes: enough to decide whether it is finished and to build the
+#: search index without reading the shard's features.
+META_KEYS = ("fingerprint", "ids", "postings", "n_positions")
 
 
 def read_shard(out: Path, slug: str, start: int) -> dict | None:
@@ -53,6 +76,24 @@ def read_shard(out: Path, slug: str, start: int) -> dict | None:
         return json.loads(raw.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+
+
+def read_shard_meta(out: Path, slug: str, start: int) -> dict | None:
+    """A finished shard's ``meta/<slug>/<start>.json`` (None when the shard is missing or unfinished). A shard written before the
+    sidecar existed is read once in full and given one."""
+    js, raw = shard_paths(out, slug, start)
+    if not (js.is_file() and raw.is_file()):
+        return None
+    path = _meta_path(out, slug, start)
+    if path.is_file():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+    shard = read_shard(out, slug, start)
+    if shard is None or not all(k in shard for k in META_KEYS):
+        return None
+    return _write_meta(out, slug, start, shard, js.read_bytes())
 
 
 def write_static(out: Path) -> None:
@@ -73,10 +114,6 @@ def search_index(postings: dict[str, list[tuple[str, int, float]]]) -> dict[str,
         ranked = sorted(postings[key], key=lambda r: (-r[2], where[r[0]], r[1]))
         refs.append([x for slug, f, w in ranked for x in (where[slug], f, w)])
     return {"dicts": slugs, "keys": keys, "refs": refs}
-
-
-def folder_bytes(folder: Path, pattern: str = "*") -> int:
-    return sum(p.stat().st_size for p in folder.rglob(pattern) if p.is_file())
 
 
 def free_bytes(folder: Path) -> int:

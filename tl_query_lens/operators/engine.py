@@ -43,7 +43,7 @@ from tl_query_lens.models import copy_model, weights_fingerprint
 from tl_query_lens.operators import flops
 from tl_query_lens.operators.config import SWEEP_DTYPES, EngineConfig
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
-from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator
+from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator, find_cached
 from tl_query_lens.primitives import stop_layer
 
 logger = logging.getLogger(__name__)
@@ -271,11 +271,13 @@ def _compute(
     model_name = str(model.cfg.model_name)
     local, rank, world = world_slice(tokens)
     path = None
+    weights = weights_fingerprint(model) if cache_dir is not None else None
+    directions = sorted({s.direction for s in sweeps})
     if cache_dir is not None:
         keyed = names if basis is None else [*names, f"basis:{basis}"]  # one cache file per feature set
         if kind == "value" and anchor != final_hook(model):
             keyed = [*keyed, f"to:{anchor}"]  # value operators into another destination than the final residual
-        keyed = [*keyed, f"weights:{weights_fingerprint(model)}"]  # same name, other weights: another file
+        keyed = [*keyed, f"weights:{weights}"]  # same name, other weights: another file
         path = cache_path(cache_dir, kind, model_name, keyed, fingerprint, dtype, skip_positions)
     state = None
     if path is not None and path.exists():
@@ -285,6 +287,13 @@ def _compute(
             return state.to(model.cfg.device)  # type: ignore[arg-type]
         if world > 1 or state.batch_size != batch_size:
             state = None  # partial states are only resumed by a single process with the same minibatch split
+    elif cache_dir is not None:  # these hooks may sit inside a larger sweep's file (same corpus, weights, method)
+        want = {"corpus_fingerprint": fingerprint, "dtype": dtype, "skip_positions": skip_positions}
+        extra = {"weights": weights, "directions": directions, "basis": basis}
+        found = find_cached(cache_dir, kind, model_name, names, {**want, "anchor_hook": anchor, "extra": extra})
+        if found is not None:
+            logger.info("Reusing %s from the larger cached set %s", found.describe(), found.extra["from"])
+            return found.to(model.cfg.device)  # type: ignore[arg-type]
     if state is None:
         state = OperatorSet(
             kind=kind,  # type: ignore[arg-type]
@@ -298,9 +307,10 @@ def _compute(
             batches_done=0,
             batch_size=batch_size,
             extra={
-                "directions": sorted({s.direction for s in sweeps}),
+                "directions": directions,
                 "chunk": chunk,
                 **({"basis": basis} if basis else {}),
+                **({"weights": weights} if weights else {}),
             },
         )
     else:

@@ -16,9 +16,10 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
+from safetensors import SafetensorError, safe_open
 
 from tl_query_lens.errors import CorruptFileError, check_finite
-from tl_query_lens.results import read_tensors, write_tensors
+from tl_query_lens.results import loads_json, read_tensors, write_tensors
 
 OperatorKind = Literal["value", "key", "module"]
 _KINDS = ("value", "key", "module")
@@ -232,5 +233,53 @@ def cache_path(
     """Deterministic file name for an operator set, keyed by everything that changes its value."""
     key = json.dumps([kind, model_name, sorted(hooks), fingerprint, dtype, skip_positions, FORMAT_VERSION])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    safe_model = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model_name)
-    return Path(cache_dir) / f"{kind}-{safe_model}-{digest}.safetensors"
+    return Path(cache_dir) / f"{kind}-{_safe_name(model_name)}-{digest}.safetensors"
+
+
+def _safe_name(model_name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model_name)
+
+
+def find_cached(
+    cache_dir: str | Path, kind: str, model_name: str, names: list[str], want: dict[str, Any]
+) -> OperatorSet | None:
+    """The operators ``names`` from a complete cached set of another sweep that holds them all (a sweep over more
+    hooks: an atlas's all-layer sweep, when one dictionary is added later), or None.
+
+    A file is used only when everything that changes an operator's value matches: ``want`` gives ``count``-free
+    metadata (``corpus_fingerprint``, ``dtype``, ``skip_positions``, ``anchor_hook``) and the ``extra`` entries
+    ``weights`` (the weights fingerprint), ``directions`` and ``basis``. Files written before the weights entry
+    existed never match. Only the metadata header and the requested tensors are read.
+    """
+    extra = want.pop("extra", {})
+    for path in sorted(Path(cache_dir).glob(f"{kind}-{_safe_name(model_name)}-*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                meta = {k: loads_json(v) for k, v in (handle.metadata() or {}).items()}
+                if (
+                    meta.get("format") != FORMAT_VERSION
+                    or meta.get("kind") != kind
+                    or meta.get("model_name") != model_name
+                    or meta.get("batches_done") != -1
+                    or any(meta.get(k) != v for k, v in want.items())
+                    or any((meta.get("extra") or {}).get(k) != v for k, v in extra.items())
+                    or not set(names) <= set(meta.get("hooks", []))
+                ):
+                    continue
+                sums = {name: handle.get_tensor(name) for name in names}
+        except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError):
+            continue  # an unreadable file is not ours to judge here; the exact-key lookup reports those
+        return OperatorSet(
+            kind=kind,  # type: ignore[arg-type]
+            sums=sums,
+            count=int(meta["count"]),
+            model_name=model_name,
+            anchor_hook=meta["anchor_hook"],
+            corpus_fingerprint=meta["corpus_fingerprint"],
+            dtype=meta["dtype"],
+            skip_positions=int(meta["skip_positions"]),
+            batches_done=-1,
+            batch_size=int(meta["batch_size"]),
+            extra={**meta.get("extra", {}), "from": path.name},
+        )
+    return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,14 +186,23 @@ def write_bulk(root: str | Path, model, sources: list[SourceRows], *, release: s
     for name, rows in top.items():
         atomic_write_text(root / name, jsonl(rows))
     for s in sources:
-        base = root / "v1" / mid / s.source_id
-        batch_of = {row["index"]: i // BATCH for i, row in enumerate(s.features)}
-        for kind, rows in (("features", s.features), ("query_lens", s.extras)):
-            for b in range(0, len(rows), BATCH):
-                write_gz(base / kind / f"batch-{b // BATCH}.jsonl.gz", rows[b : b + BATCH])
-        groups: dict[int, list[dict]] = {}
-        for row in s.activations:  # the activations of the features of feature batch i go to batch i
-            groups.setdefault(batch_of.get(row["index"], 0), []).append(row)
-        for b, rows in sorted(groups.items()):
-            write_gz(base / "activations" / f"batch-{b}.jsonl.gz", rows)
+        if s.features:
+            write_source(root, mid, s)
     return root
+
+
+def write_source(root: str | Path, mid: str, s: SourceRows) -> Path:
+    """The ``v1/<model>/<source>/`` batch files of one source (replacing any there before); returns that folder."""
+    base = Path(root) / "v1" / mid / s.source_id
+    if base.is_dir():
+        shutil.rmtree(base)
+    batch_of = {row["index"]: i // BATCH for i, row in enumerate(s.features)}
+    for kind, rows in (("features", s.features), ("query_lens", s.extras)):
+        for b in range(0, len(rows), BATCH):
+            write_gz(base / kind / f"batch-{b // BATCH}.jsonl.gz", rows[b : b + BATCH])
+    groups: dict[int, list[dict]] = {}
+    for row in s.activations:  # the activations of the features of feature batch i go to batch i
+        groups.setdefault(batch_of.get(row["index"], 0), []).append(row)
+    for b, rows in sorted(groups.items()):
+        write_gz(base / "activations" / f"batch-{b}.jsonl.gz", rows)
+    return base
