@@ -44,7 +44,9 @@ def main() -> None:
                 out += [r[i] + c * len(data["dicts"]), r[i + 1], r[i + 2]]
         refs.append(out)
     work = Path(tempfile.mkdtemp())
-    shutil.copytree(src, work / "atlas", ignore=shutil.ignore_patterns("exports", "shards", "result"))
+    shutil.copytree(
+        src, work / "atlas", ignore=shutil.ignore_patterns("exports", "shards", "meta", "operators", "result")
+    )
     payload = json.dumps({"dicts": dicts, "keys": data["keys"], "refs": refs}, separators=(",", ":"))
     (work / "atlas" / "data" / "search.js").write_text(f"ATLAS.search({payload});\n")
     options = Options()
