@@ -5,8 +5,12 @@ documents of the embedded evaluation split, against the paper's N = 10k. The 'br
 (``scripts/setup.sh --broad-corpus``) has 10,003 evaluation documents, each long enough for one 32-token window, so N
 can grow to 10k. Each cell is one dictionary family (``saes``: the four residual SAEs of ``tlql-saes-smollm2-135m``;
 ``ffkv``: FF-KV TopK-64 of the same layers) at one N and one calibration size (the pool G* is built from ``n_cal``
-calibration windows, cut from the broad corpus' calibration split); the cells at growing N read whether the depth
-effect (which layer certifies) changes with N, the ``cal128`` cells whether it changes with the pool.
+calibration windows, cut from the broad corpus' calibration split); the ``cal128`` cells read whether the depth
+effect (which layer certifies) changes with the pool. Whether it changes with N is read from the N = 5,000 cells
+themselves: their first 1,000 and 2,500 windows are a uniform draw of that many distinct documents, so the report
+adds rows at those N (``<cell>@N1000``), rebuilt from the saved per-window losses (``ProtocolCertification.at_n``).
+The N = 5,000 cells are the ``full`` size of ``tlql reproduce``'s ``certify_broad_*`` experiments (the same call,
+``certify_sources``).
 
 Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell). The
 report is one table: per cell and dictionary, N, n_cal, P of m, η̂, R̂, ε̂, the Occam and fixed-pool bounds against
@@ -31,12 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _cells
 
-RELEASE = "tlql-saes-smollm2-135m"
-LAYERS = (6, 12, 18, 24)
-FAMILIES = {
-    "saes": ",".join(f"{RELEASE}:blocks.{layer}.hook_resid_post" for layer in LAYERS),
-    "ffkv": "ffkv",
-}
+from tl_query_lens.reproduce.experiments import BROAD_FAMILIES as FAMILIES
+from tl_query_lens.reproduce.experiments import SUITE_LAYERS as LAYERS
+
+PREFIXES = (1000, 2500)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
 
 
 @dataclass
@@ -70,7 +72,7 @@ class CertifySettings:
 def _cells_table() -> dict[str, dict[str, Any]]:
     cells: dict[str, dict[str, Any]] = {}
     for family, spec in FAMILIES.items():
-        for n in (1000, 2500, 5000, None):
+        for n in (5000, None):  # N = 1,000 and 2,500: prefixes of these (report)
             cells[f"{family}-N{n or 'all'}-cal512"] = {"dictionary": spec, "n_eval": n, "n_cal": 512}
         cells[f"{family}-N5000-cal128"] = {"dictionary": spec, "n_eval": 5000, "n_cal": 128}
     return cells
@@ -113,16 +115,12 @@ def check_settings(settings: list[CertifySettings]) -> None:
 def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict[str, Any]:
     """One paper-protocol certification with ``settings``; the full result goes to ``folder/certification``."""
     from tl_query_lens import load_model
-    from tl_query_lens.certify.protocol import certify_protocol
-    from tl_query_lens.sources import load_sources, parse_sources
+    from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+    from tl_query_lens.reproduce.experiments import certify_sources
 
     s = settings
     model = model if model is not None else load_model(s.model, device=s.device)
-    loaded = load_sources(parse_sources(s.dictionary), model, list(s.layers))
-    result = certify_protocol(
-        model,
-        {d.label: d.sae for d in loaded},
-        s.corpus,
+    cfg = ProtocolCertifyConfig(
         protocol="paper",
         n_cal=s.n_cal,
         n_eval=s.n_eval,
@@ -134,6 +132,7 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
         seed=s.seed,
         **s.extra,
     )
+    result = certify_sources(model, s.dictionary, s.corpus, cfg, tuple(s.layers))
     result.save(folder / "certification")
     return {
         "labels": list(result.labels),
@@ -150,21 +149,42 @@ def report_table(cells: dict[str, dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 14]
     for name, cell in cells.items():
         res = cell["result"]
+        wall = "prefix" if cell["wall_s"] is None else f"{cell['wall_s'] / 60:.0f} min"
         for label, r in zip(res["labels"], res["rows"]):
             lines.append(
                 f"| {name} | {label} | {r['N']} | {res['n_cal']} | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
                 f"{r['R_hat']:.2f} | {r['eps_hat']:.3f} | {r['bound']:.2f} | {r['bound_occam']:.2f} | "
                 f"{r['baseline_bits']:.2f} | {'yes' if r['nontrivial_occam'] else 'no'} | "
-                f"{r['N_star_closed_form_occam']:.4g} | {cell['wall_s'] / 60:.0f} min |"
+                f"{r['N_star_closed_form_occam']:.4g} | {wall} |"
             )
     return "\n".join(lines)
+
+
+def with_prefixes(out: Path, cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``cells`` and, after each done cell, its rows at every N of :data:`PREFIXES` below its own N, read from its
+    first windows without the model (``<cell>@N1000``; no wall time of their own)."""
+    from tl_query_lens.certify.protocol import ProtocolCertification
+
+    merged: dict[str, dict[str, Any]] = {}
+    for name, cell in cells.items():
+        merged[name] = cell
+        folder = _cells.cell_dir(out, name) / "certification"
+        n_cell = min(r["N"] for r in cell["result"]["rows"])
+        if not any(n < n_cell for n in PREFIXES) or not folder.is_dir():
+            continue
+        whole = ProtocolCertification.load(folder)
+        for n in (n for n in PREFIXES if n < n_cell):
+            part = whole.at_n(n)
+            rows = [{k: row[k] for k in ROW_KEYS if k in row} for row in part.rows]
+            merged[f"{name}@N{n}"] = cell | {"result": cell["result"] | {"rows": rows}, "wall_s": None}
+    return merged
 
 
 def report(out: Path) -> str:
     cells = _cells.load_cells(out, list(CELLS))
     if not cells:
         return "no cell done yet"
-    text = report_table(cells)
+    text = report_table(with_prefixes(out, cells))
     (out / "certify_large_n.md").write_text(text + "\n")
     (out / "certify_large_n.json").write_text(json.dumps(cells, indent=1, default=str))
     return text

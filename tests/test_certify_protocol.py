@@ -169,3 +169,25 @@ def test_certify_protocol_paper_end_to_end_on_a_tiny_model(tmp_path):
     assert back.rows == res.rows and torch.equal(back.abs_gap_density, res.abs_gap_density)
     with pytest.raises(ValueError, match="protocol must be one of"):
         ProtocolCertifyConfig(protocol="authors")
+
+
+@torch.no_grad()
+def test_at_n_equals_a_fresh_certification_of_the_first_n_windows(tmp_path):
+    """One run at N gives the certificate at any smaller n: checked against certifying the first n windows anew."""
+    model = tiny_model("gated_rms")
+    gen = torch.Generator().manual_seed(0)
+    cal = torch.randint(0, model.cfg.d_vocab, (6, 8), generator=gen)
+    ev = torch.randint(0, model.cfg.d_vocab, (80, 8), generator=gen)
+    sae = {"ffkv L1": FFKV.from_model(model, 1, "vanilla")}
+    kw: dict = {"protocol": "fixed-pool", "k": 4, "shuffle": True, "exclude_first_positions": 1}
+    whole = certify_protocol(model, sae, tokens=(cal, ev), **kw)
+    whole = ProtocolCertification.load(whole.save(tmp_path / "whole"))  # the per-window losses survive saving
+    fresh = certify_protocol(model, sae, tokens=(cal, ev[:32]), **kw)  # 32: the same batches as the whole run
+    prefix = whole.at_n(32)
+    assert prefix.rows[0]["N"] == 32 and whole.rows[0]["N"] == 80
+    for key, value in fresh.rows[0].items():
+        expected = value if value is None or isinstance(value, bool) else pytest.approx(value, rel=1e-6, abs=1e-9)
+        assert prefix.rows[0][key] == expected, key
+    assert whole.at_n(80).rows[0]["bound_occam"] == pytest.approx(whole.rows[0]["bound_occam"], rel=1e-9)
+    with pytest.raises(ValueError, match="1 <= n <= 80"):
+        whole.at_n(81)

@@ -136,12 +136,13 @@ def test_sweep_prompts_and_the_broad_check(tmp_path, monkeypatch):
         sweep.check_settings([sweep.cell_settings("maxact-broad-4k", base)])
     certify = load("certify_large_n")
     with pytest.raises(InputError, match="setup.sh --broad-corpus"):
-        certify.main(["--out", str(tmp_path / "c"), "--cells", "ffkv-N1000-cal512"])
+        certify.main(["--out", str(tmp_path / "c"), "--cells", "ffkv-N5000-cal512"])
     assert not (tmp_path / "c" / "cells").exists()  # refused before any cell ran
 
 
-def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path):
+def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path, monkeypatch):
     certify = load("certify_large_n")
+    monkeypatch.setattr(certify, "PREFIXES", (10, 40))  # the report's rows at smaller N (40 > N: none)
     cells = load("_cells")
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join(documents(400)) + "\n")
@@ -156,18 +157,22 @@ def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path):
         exclude_first_positions=0,
     )
     out = tmp_path / "cert"
-    cells.record_cell(out, "ffkv-N1000-cal512", {}, lambda f: certify.compute_cell(tiny, f, model=word_model))
-    record = cells.load_cells(out)["ffkv-N1000-cal512"]
+    cells.record_cell(out, "ffkv-N5000-cal512", {}, lambda f: certify.compute_cell(tiny, f, model=word_model))
+    record = cells.load_cells(out)["ffkv-N5000-cal512"]
     row = record["result"]["rows"][0]
     assert row["N"] == 20 and record["result"]["n_cal"] == 6
     from tl_query_lens.certify.protocol import ProtocolCertification
 
-    saved = ProtocolCertification.load(out / "cells" / "ffkv-N1000-cal512" / "certification")
+    saved = ProtocolCertification.load(out / "cells" / "ffkv-N5000-cal512" / "certification")
     assert saved.rows[0]["bound_occam"] == pytest.approx(row["bound_occam"])
     text = certify.report(out)
-    line = text.splitlines()[2]
-    assert line.startswith("| ffkv-N1000-cal512 | ffkv L1 | 20 | 6 |")
-    assert ("| yes |" in line) == (row["bound_occam"] < row["baseline_bits"])
+    lines = text.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| ffkv-N5000-cal512 | ffkv L1 | 20 | 6 |")
+    assert ("| yes |" in lines[2]) == (row["bound_occam"] < row["baseline_bits"])
+    # The N = 10 row: the first 10 windows' losses (mean clean loss checked against the saved per-window losses).
+    assert lines[3].startswith("| ffkv-N5000-cal512@N10 | ffkv L1 | 10 | 6 |") and lines[3].endswith("| prefix |")
+    first = saved.sweep.certificates["ffkv L1"]
+    assert saved.at_n(10).rows[0]["R_hat_clean"] == pytest.approx(first.loss_clean[:10].double().mean().item())
 
 
 def test_readout_fit_spread_table_is_mean_and_range(tmp_path):

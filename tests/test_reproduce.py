@@ -98,6 +98,24 @@ def test_cli_exits_nonzero_when_a_figure_is_outside(fake, tmp_path, monkeypatch)
     assert main(["reproduce", "--quick", "--no-wandb", "--out", str(tmp_path / "again")]) == 1
 
 
+def test_an_experiment_whose_corpus_is_missing_is_skipped_with_the_install_command(fake, tmp_path, monkeypatch):
+    from tl_query_lens.cli import main
+
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "empty-cache"))  # no 'broad' corpus installed here
+    sizes = {"quick": "tiny", "full": "big"}
+    needs_broad = ex.Experiment(
+        "fake", "a stand-in", lambda *a: pytest.fail("ran"), FakeResult, sizes, needs=("broad",)
+    )
+    monkeypatch.setattr(rr, "EXPERIMENTS", {"fake": needs_broad})
+    monkeypatch.setattr("tl_query_lens.cli.common.load_model", lambda run: None)
+    out = tmp_path / "out"
+    assert main(["reproduce", "--quick", "--no-wandb", "--out", str(out)]) == 0  # skipped, not failed
+    text = (out / "reproduction.md").read_text()
+    assert "`fake` not measured" in text and "setup.sh --broad-corpus" in text
+    assert "| `fake.score` | score | 0.9 | — | — | not measured (see below) |" in text
+    assert fake["n"] == 0 and not (out / "experiments" / "fake").exists()
+
+
 def test_unknown_experiment_and_size_are_refused():
     from tl_query_lens.errors import InputError
 
@@ -129,4 +147,6 @@ def test_quick_reproduction_passes_on_the_shipped_release(tmp_path):
     assert main(["reproduce", "--quick", "--no-wandb", "--out", str(out)]) == 0
     text = (out / "reproduction.md").read_text()
     assert "not documented" not in text and "**no**" not in text
-    assert len(text.splitlines()) == 2 + len(rw.rows_for("quick"))
+    assert sum(line.startswith("| `") for line in text.splitlines()) == len(rw.rows_for("quick"))
+    missing = [name for name in ex.EXPERIMENTS if rr.missing_needs(name)]  # .ci/run installs the 'broad' corpus
+    assert ("not measured" in text) == bool(missing), missing

@@ -305,6 +305,30 @@ def build_certificate(
     )
 
 
+def certificate_prefix(cert: Certificate, n: int, cfg: CertifyConfig) -> Certificate:
+    """The certificate of the first ``n`` evaluation sequences of ``cert`` (same pool G*), rebuilt from its
+    per-sequence losses without the model.
+
+    Where the evaluation windows are a seeded sample in random order (the paper protocol draws distinct documents),
+    the first ``n`` are themselves a uniform sample of ``n`` distinct documents, so the bound at ``n`` is a valid
+    certificate at that N, read from the same run.
+
+    Raises:
+        ValueError: ``n`` outside ``1..cert.N``.
+    """
+    if not 1 <= n <= cert.N:
+        raise ValueError(f"A prefix of a certificate at N = {cert.N} needs 1 <= n <= {cert.N}, got {n}.")
+    losses = ProxyLosses(
+        loss_proxy=cert.loss_proxy[:n],
+        loss_restricted=cert.loss_restricted[:n],
+        leaves_pool=cert.leaves_pool[:n],
+        kl_bits=cert.kl_per_seq[:n],
+        top1=cert.top1_per_seq[:n],
+    )
+    d_vocab = round(2.0**cert.baseline_bits)
+    return build_certificate(cert.loss_clean[:n], losses, cert.pool, d_vocab=d_vocab, cfg=cfg, config=cert.config)
+
+
 def certify_many(
     model: HookedTransformer,
     splices: dict[Hashable, Splice],

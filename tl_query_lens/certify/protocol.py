@@ -19,7 +19,7 @@ from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
-from tl_query_lens.certify.certify import Certificate, CertifyConfig
+from tl_query_lens.certify.certify import Certificate, CertifyConfig, certificate_prefix
 from tl_query_lens.certify.losses import Rule
 from tl_query_lens.certify.protocols import PROTOCOLS
 from tl_query_lens.certify.sweep import LayerSweep, certify_layers
@@ -209,6 +209,34 @@ class ProtocolCertification(SavableResult):
     def headline_bounds(self) -> dict[str, float]:
         """label → the headline bound of this protocol."""
         return {label: float(row[self.headline]) for label, row in zip(self.labels, self.rows)}
+
+    def at_n(self, n: int) -> ProtocolCertification:
+        """This certification on the first ``n`` evaluation windows only, rebuilt without the model from the
+        saved per-window losses (:func:`~tl_query_lens.certify.certify.certificate_prefix`; same pools).
+
+        Under the paper protocol the windows come from a seeded sample of distinct documents in random order, so
+        the first ``n`` are a uniform draw of ``n`` documents: one run at the largest N gives the bounds at every
+        smaller N (the same documents nested, so the rows at two N differ by N alone, not by another draw).
+
+        Raises:
+            ValueError: no per-window losses (``sweep`` is None) or ``n`` outside ``1..N``.
+        """
+        if self.sweep is None:
+            raise ValueError("at_n needs the per-window losses (the result's sweep); this result holds none.")
+        cfg = ProtocolCertifyConfig(**{**self.config, "n_eval": n})
+        certify_cfg = cfg.certify_config()
+        certs = {k: certificate_prefix(c, n, certify_cfg) for k, c in self.sweep.certificates.items()}
+        shuffled = {k: certificate_prefix(c, n, certify_cfg) for k, c in self.sweep.shuffled.items()}
+        sweep = LayerSweep(certs, shuffled, seed=self.sweep.seed)
+        return summarise(
+            {str(k): c for k, c in certs.items()},
+            {str(k): c for k, c in shuffled.items()},
+            cfg=cfg,
+            n_documents=self.n_documents,
+            n_eligible=self.n_eligible,
+            one_window_per_document=self.one_window_per_document,
+            sweep=sweep,
+        )
 
     title: ClassVar[str] = "Certification under a protocol"
 

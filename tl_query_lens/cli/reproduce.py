@@ -55,6 +55,8 @@ def run_reproduce(args: argparse.Namespace) -> int:
         track.log_result(result, "reproduce")
     print(f"\n{result.markdown()}")
     print(f"table: {cfg.out}/reproduction.md, {cfg.out}/reproduction.csv; peak RSS {result.peak_rss_gb:.1f} GB")
+    for name, why in result.skipped.items():
+        print(f"not measured: {name} ({why})")
     if result.outside:
         print(f"{len(result.outside)} figure(s) outside their documented interval: {', '.join(result.outside)}")
         return 1

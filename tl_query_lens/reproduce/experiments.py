@@ -25,7 +25,7 @@ from tl_query_lens.query_lens.table1 import Table1Config, evaluate_table1
 from tl_query_lens.readout import collect_states
 from tl_query_lens.readout.protocols.paper import PaperReadoutConfig, PaperReadoutDiagnostics, readout_diagnostics_paper
 from tl_query_lens.results import SavableResult
-from tl_query_lens.sources import load_dictionary
+from tl_query_lens.sources import load_dictionary, load_sources, parse_sources
 
 Size = Literal["quick", "full"]
 SUITE = "tlql-saes-smollm2-135m"
@@ -41,6 +41,8 @@ class Experiment:
         name: folder name of its saved result. what: one line for the progress output.
         run: the measurement. result_cls: how its saved result is read back (resume).
         sizes: what ``quick`` and ``full`` mean, in words (written into the table's provenance).
+        needs: optional corpora it reads (``"broad"``): where one is not installed the experiment is skipped with
+            the command that installs it, and its rows are reported as not measured.
     """
 
     name: str
@@ -48,6 +50,7 @@ class Experiment:
     run: Callable[[Any, Size, Path], SavableResult]
     result_cls: type[SavableResult]
     sizes: dict[str, str]
+    needs: tuple[str, ...] = ()
 
 
 def _suite(model, sae_ids: list[str]) -> dict[str, Any]:
@@ -74,6 +77,33 @@ def certify_depth(model, size: Size, workdir: Path) -> SavableResult:
     }
     cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, exclude_first_positions=1)
     return certify_protocol(model, saes, "embedded", cfg=cfg)
+
+
+# §4.3: the two dictionary families certified on the 'broad' corpus, as ``--dictionary`` specs (FF-KV is spliced
+# through TopK-64 like every proxy of the paper protocol).
+BROAD_FAMILIES = {"saes": ",".join(f"{SUITE}:{_residual_id(x)}" for x in SUITE_LAYERS), "ffkv": "ffkv"}
+BROAD_SIZES = {"full": (512, 5000), "quick": (128, 128)}  # (n_cal, N)
+
+
+def certify_sources(
+    model, spec: str, corpus: Any, cfg: ProtocolCertifyConfig, layers: tuple[int, ...] = SUITE_LAYERS
+) -> ProtocolCertification:
+    """``certify_protocol`` on every dictionary of a ``--dictionary`` spec (FF-KV at ``layers``), labelled as the
+    CLI labels them (``"sae L6 blocks.6.hook_resid_post"``, ``"ffkv L6"``)."""
+    loaded = load_sources(parse_sources(spec), model, layers)
+    return certify_protocol(model, {d.label: d.sae for d in loaded}, corpus, cfg=cfg)
+
+
+def certify_broad(family: str) -> Callable[[Any, Size, Path], SavableResult]:
+    """Paper protocol on the 'broad' corpus for one family of layers 6/12/18/24 (reproduction §4.3): full is the
+    ``<family>-N5000-cal512`` cell of ``benchmarks/certify_large_n.py`` (the same call)."""
+
+    def run(model, size: Size, workdir: Path) -> SavableResult:
+        n_cal, n_eval = BROAD_SIZES[size]
+        cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, exclude_first_positions=1)
+        return certify_sources(model, BROAD_FAMILIES[family], "broad", cfg)
+
+    return run
 
 
 def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
@@ -135,6 +165,20 @@ EXPERIMENTS: dict[str, Experiment] = {
             ProtocolCertification,
             {"full": "n_cal 512, N = 409", "quick": "n_cal 256, N = 128"},
         ),
+        *[
+            Experiment(
+                f"certify_broad_{family}",
+                f"certification, paper protocol, 'broad' corpus, {what} 6/12/18/24",
+                certify_broad(family),
+                ProtocolCertification,
+                {
+                    "full": "'broad' corpus, n_cal 512, N = 5,000 documents",
+                    "quick": "'broad' corpus, n_cal 128, N = 128 documents",
+                },
+                needs=("broad",),
+            )
+            for family, what in (("saes", "residual SAEs"), ("ffkv", "FF-KV TopK-64"))
+        ],
         Experiment(
             "readout_paper",
             "readout diagnostics, paper protocol, shipped 'small' readout SAE",

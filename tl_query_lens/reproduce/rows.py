@@ -85,6 +85,7 @@ CERT = "reproduction §1 certification"
 READOUT = "reproduction §2 readout SAEs"
 TABLE1 = "reproduction §3 Query Lens Table 1"
 FFKV = "ffkv_comparison quality table"
+CERT_BROAD = "reproduction §4.3 certification on the 'broad' corpus"
 
 ROWS: list[Row] = [
     Row(
@@ -146,6 +147,32 @@ ROWS: list[Row] = [
             tolerance=0.01,
         )
         for layer in SUITE_LAYERS
+    ],
+    *[
+        Row(
+            f"cert_broad.{family}{layer}.{key}",
+            CERT_BROAD,
+            f"{what} L{layer} {name}",
+            paper,
+            f"certify_broad_{family}",
+            _cert(label, column),
+            tolerance=tol,
+        )
+        for family, what, label_of, paper in (
+            (
+                "saes",
+                "residual SAE",
+                "sae L{layer} blocks.{layer}.hook_resid_post",
+                "L30 certifies at N=10k; L4-16 never",
+            ),
+            ("ffkv", "FF-KV TopK-64", "ffkv L{layer}", "13.739 < 16.969 (L30, N=10k)"),
+        )
+        for layer in SUITE_LAYERS
+        for label in (label_of.format(layer=layer),)
+        for key, column, name, tol in (
+            ("occam", "bound_occam", "Occam bound (bits)", 0.15),
+            ("eta", "eta_hat", "pool mismatch eta-hat", 0.01),
+        )
     ],
     Row(
         "readout.top1",

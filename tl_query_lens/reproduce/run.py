@@ -74,6 +74,8 @@ class Reproduction(SavableResult):
         seconds: wall time per experiment measured in this call (0 for one loaded from an earlier call).
         peak_rss_gb: the process's peak resident memory.
         sizes: what each experiment's size means.
+        skipped: experiment → why it was not measured (a corpus it needs is not installed, and how to install it);
+            its rows hold NaN and ``inside`` None.
     """
 
     size: str
@@ -81,6 +83,7 @@ class Reproduction(SavableResult):
     seconds: dict[str, float]
     peak_rss_gb: float
     sizes: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
 
     title: ClassVar[str] = "Reproduction: paper | documented | this run"
@@ -96,6 +99,7 @@ class Reproduction(SavableResult):
         "value_lo": (float, None),
         "value_hi": (float, None),
         "inside": (bool, None),
+        "skipped": bool,
     }
 
     @property
@@ -107,11 +111,16 @@ class Reproduction(SavableResult):
         inside = sum(r["inside"] is True for r in self.rows)
         undocumented = sum(r["inside"] is None for r in self.rows)
         out = {"rows": float(len(self.rows)), "inside": float(inside), "outside": float(len(self.outside))}
-        out |= {"undocumented": float(undocumented), "peak_rss_gb": self.peak_rss_gb}
+        out |= {"undocumented": float(undocumented), "skipped": float(len(self.skipped))}
+        out |= {"peak_rss_gb": self.peak_rss_gb}
         return out | {f"seconds/{k}": v for k, v in self.seconds.items()}
 
     def tables(self) -> dict[str, Table]:
-        return {"reproduction": Table.build(self.COLUMNS, ([r[c] for c in self.COLUMNS] for r in self.rows))}
+        return {
+            "reproduction": Table.build(
+                self.COLUMNS, ([r.get(c, False) if c == "skipped" else r[c] for c in self.COLUMNS] for r in self.rows)
+            )
+        }
 
     def markdown(self) -> str:
         """The side-by-side table: paper | documented here | this run | inside the documented interval?"""
@@ -123,8 +132,11 @@ class Reproduction(SavableResult):
             doc = _fmt(r["documented"], r["documented_lo"], r["documented_hi"])
             run = _fmt(r["value"], r["value_lo"], r["value_hi"])
             verdict = {True: "yes", False: "**no**", None: "not documented"}[r["inside"]]
+            if r.get("skipped"):
+                verdict = "not measured (see below)"
             lines.append(f"| `{r['id']}` | {r['headline']} | {r['paper']} | {doc} | {run} | {verdict} |")
-        return "\n".join(lines) + "\n"
+        notes = [f"- `{name}` not measured: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def _fmt(value: float | None, lo: float | None, hi: float | None) -> str:
@@ -150,6 +162,21 @@ def _interval(row: Row, value: float, lo: float | None, hi: float | None) -> tup
     if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
         low, high = min(low, lo), max(high, hi)
     return low, high
+
+
+def missing_needs(name: str) -> str | None:
+    """Why experiment ``name`` cannot run here (a corpus it needs is not installed, with the install command), or
+    None."""
+    for need in EXPERIMENTS[name].needs:
+        if need == "broad":
+            from tl_query_lens.broad_corpus import read_manifest
+            from tl_query_lens.errors import MissingFileError
+
+            try:
+                read_manifest()
+            except MissingFileError as err:
+                return str(err)
+    return None
 
 
 def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float]):
@@ -185,13 +212,22 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
     documented = load_documented().get(cfg.size, {})
     seconds: dict[str, float] = {}
     results: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
     records = []
     for i, row in enumerate(rows, 1):
-        if row.experiment not in results:
-            results[row.experiment] = _experiment(row.experiment, model, cfg.size, out, seconds)
-        value, lo, hi = row.value(results[row.experiment])
+        if row.experiment not in results and row.experiment not in skipped:
+            why = missing_needs(row.experiment)
+            if why is not None:
+                skipped[row.experiment] = why
+                print(f"[{row.experiment}] not measured: {why}", flush=True)
+            else:
+                results[row.experiment] = _experiment(row.experiment, model, cfg.size, out, seconds)
+        if row.experiment in skipped:
+            value, lo, hi = math.nan, None, None
+        else:
+            value, lo, hi = row.value(results[row.experiment])
         doc = documented.get(row.id)
-        inside = None if doc is None else bool(doc["lo"] <= value <= doc["hi"])
+        inside = None if doc is None or row.experiment in skipped else bool(doc["lo"] <= value <= doc["hi"])
         records.append(
             {
                 "id": row.id,
@@ -205,9 +241,11 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
                 "value_lo": lo,
                 "value_hi": hi,
                 "inside": inside,
+                "skipped": row.experiment in skipped,
             }
         )
         verdict = {True: "inside", False: "OUTSIDE", None: "not documented"}[inside]
+        verdict = "not measured" if row.experiment in skipped else verdict
         shown = _fmt(None if doc is None else doc["value"], *(None, None) if doc is None else (doc["lo"], doc["hi"]))
         print(f"[{i}/{len(rows)}] {row.id}: {_fmt(value, lo, hi)} (documented {shown}; paper {row.paper}) {verdict}")
         sys.stdout.flush()
@@ -219,6 +257,7 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
         seconds=seconds,
         peak_rss_gb=peak,
         sizes={name: EXPERIMENTS[name].sizes[cfg.size] for name in used},
+        skipped=skipped,
         config={"size": cfg.size, "experiments": list(cfg.experiments), "out": cfg.out},
     )
     atomic_write_text(out / "reproduction.md", result.markdown())
