@@ -320,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--report", action="store_true", help="only write the table and plots of the done cells")
+    parser.add_argument(
+        "--autocast",
+        action="store_true",
+        help="bf16 autocast of the max-activating search, generation and steering passes (Table1Config.autocast); "
+        "give it its own --out: its cells are not comparable with fp32 ones",
+    )
     parser.add_argument("--run-cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -330,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         model=args.model,
         device=args.device,
+        extra={"autocast": True} if args.autocast else {},
     )
     if args.run_cell:
         settings = cell_settings(args.run_cell, base)

@@ -263,3 +263,37 @@ def test_cli_certify_paper_protocol_on_a_topk_sae(tiny_cli, tmp_path):
         assert float(r["bound_occam"]) >= float(r["bound"]) and int(r["m"]) > 0
         assert "shuffled_abs_gap_mean" in r
     assert int(rows[1]["m"]) == 48
+
+
+@torch.no_grad()
+def test_autocast_runs_the_protocol_passes_in_bf16_and_keeps_float32_results():
+    """``autocast=True``: the max-activating search runs its matrix products in bf16 (its activations differ from
+    the fp32 search by bf16 rounding, not by more), and every float of the result stays float32."""
+    model = tiny_model("gated_rms")
+    sae = topk_sae(model)
+    tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
+    fp32 = max_activating_contexts(model, sae, tokens, n_contexts=4)
+    from tl_query_lens.query_lens.evaluation import model_passes
+
+    with model_passes(model, True):
+        bf16 = max_activating_contexts(model, sae, tokens, n_contexts=4)
+    with model_passes(model, False):
+        again = max_activating_contexts(model, sae, tokens, n_contexts=4)
+    assert torch.equal(again.activation, fp32.activation)  # off: the fp32 search, bit for bit
+    top = fp32.activation[:, 0].abs().max()
+    gap = (bf16.activation[:, 0] - fp32.activation[:, 0]).abs().max()
+    assert 0 < gap < 0.05 * top  # bf16 products: changed, within a few bf16 ulps of the largest activation
+    res = evaluate_table1(
+        model,
+        {"sae L1 topk": sae},
+        tokens[:2],
+        tokens,
+        tokenizer=ListTokenizer(model.cfg.d_vocab),
+        prompt_tokens=[torch.tensor([1, 2, 3])],
+        features_per_layer=3,
+        autocast=True,
+        **SMALL,
+    )
+    assert res.config["autocast"] is True
+    for name in ("input_scores", "output_scores", "alphas", "search_kl", "achieved_kl"):
+        assert getattr(res, name).dtype == torch.float32, name

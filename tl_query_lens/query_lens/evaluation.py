@@ -9,6 +9,7 @@ ZO and TC baselines are computed here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ class EvaluationConfig:
             in [1, 1000] with KL on the prompts, TC at α = 10 only, ▁/Ġ/Ċ-only normalisation; see
             :mod:`tl_query_lens.query_lens.protocols.paper`). Under ``"paper"`` every output column holds the score of
             the one shared S.
+        autocast: run the model passes of the protocol (max-activating search, generation, α search and steering,
+            ZO / TC baselines) under bf16 autocast on the model's device: matrix products in bf16, weights, norms,
+            softmax and the residual stream in fp32 (SAELens' ``autocast_lm``). The operator sweeps follow
+            ``engine.sweep_dtype`` instead. ``benchmarks/bench_table1_precision.py`` measures what it changes.
     """
 
     n_contexts: int = 20
@@ -77,6 +82,7 @@ class EvaluationConfig:
     baselines: tuple[str, ...] = ("ZO", "TC")
     tc_values: tuple[float, ...] = (1.0, 5.0, 10.0)
     protocol: ProtocolName = "tlql"
+    autocast: bool = False
 
     RANGES: ClassVar[dict[str, str]] = {
         "n_contexts": "[1, inf)",
@@ -109,6 +115,13 @@ class EvaluationConfig:
             raise ValueError(f"Unknown baselines {sorted(unknown)}; choose from 'ZO' and 'TC'.")
         if self.n_contexts < 20:
             logger.warning("n_contexts=%d is below the paper's N ≥ 20.", self.n_contexts)
+
+
+def model_passes(model: HookedTransformer, autocast: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the model's device where ``autocast`` (:attr:`EvaluationConfig.autocast`), else nothing."""
+    if not autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(model.cfg.device or "cpu").type, dtype=torch.bfloat16)
 
 
 # SignatureEvaluation's tensor fields and their feature axis (joined by concat, indexed by select).
@@ -303,6 +316,12 @@ def evaluate_signatures(
     view = as_key_value(dictionary, model)
     features = view.feature_ids(features)
     methods = _check_methods(methods, len(features), model.cfg.d_vocab)
+    with model_passes(model, cfg.autocast):
+        return _evaluate(model, view, tokens, methods, features, contexts, tokenizer, prompt_tokens, cfg, protocol)
+
+
+def _evaluate(model, view, tokens, methods, features, contexts, tokenizer, prompt_tokens, cfg, protocol):
+    """The body of :func:`evaluate_signatures` (under its precision context)."""
     if contexts is None:
         contexts = max_activating_contexts(model, view, tokens, n_contexts=cfg.n_contexts)
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
@@ -341,9 +360,9 @@ def evaluate_signatures(
         kl_targets=list(cfg.kl_targets),
         input_scores=torch.stack([protocol.input_scores(tokenizer, top_tokens, methods[m]) for m in names]),
         output_scores=torch.stack([torch.stack([output_scores(s, methods[m]) for s in steered]) for m in names]),
-        alphas=alphas,
-        search_kl=search_kl,
-        achieved_kl=torch.stack(achieved),
+        alphas=alphas.float(),  # float32 also under autocast
+        search_kl=search_kl.float(),
+        achieved_kl=torch.stack(achieved).float(),
         steered_top=torch.stack(steered),
         signature_ids=_pad_stack([methods[m] for m in names]),
         config={**cfg.__dict__, "corpus_fingerprint": contexts.corpus_fingerprint, "read_hook": view.read_hook},

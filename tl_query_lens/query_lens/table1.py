@@ -23,7 +23,12 @@ from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError
 from tl_query_lens.operators import EngineConfig
 from tl_query_lens.operators.config import fold_flat_engine_options
-from tl_query_lens.query_lens.evaluation import EvaluationConfig, SignatureEvaluation, evaluate_signatures
+from tl_query_lens.query_lens.evaluation import (
+    EvaluationConfig,
+    SignatureEvaluation,
+    evaluate_signatures,
+    model_passes,
+)
 from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
 from tl_query_lens.query_lens.protocols.paper import up_projection_key_view
@@ -138,12 +143,17 @@ def evaluate_table1(
         up_views = {label: up_projection_key_view(as_key_value(d, model), model) for label, d in dictionaries.items()}
     # Max-activating contexts first: the "active" selection reads them, and a dictionary with too few active
     # features fails here, before any operator is computed.
-    contexts = {
-        label: max_activating_contexts(
-            model, d, evaluation_tokens, n_contexts=cfg.n_contexts, exclude_first_positions=cfg.exclude_first_positions
-        )
-        for label, d in dictionaries.items()
-    }
+    with model_passes(model, cfg.autocast):
+        contexts = {
+            label: max_activating_contexts(
+                model,
+                d,
+                evaluation_tokens,
+                n_contexts=cfg.n_contexts,
+                exclude_first_positions=cfg.exclude_first_positions,
+            )
+            for label, d in dictionaries.items()
+        }
     gen = torch.Generator().manual_seed(cfg.seed)
     chosen, selection = {}, {}
     for label, dictionary in dictionaries.items():
