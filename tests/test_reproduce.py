@@ -114,6 +114,15 @@ def test_an_experiment_whose_corpus_is_missing_is_skipped_with_the_install_comma
     assert "`fake` not measured" in text and "setup.sh --broad-corpus" in text
     assert "| `fake.score` | score | 0.9 | — | — | not measured (see below) |" in text
     assert fake["n"] == 0 and not (out / "experiments" / "fake").exists()
+    # A result measured earlier (where the corpus was installed) still loads without it.
+    run_once = ex.Experiment(
+        "fake", "a stand-in", lambda *a: FakeResult(0.5, [0.4, 0.6], {"b": 2.0}), FakeResult, sizes
+    )
+    monkeypatch.setattr(rr, "EXPERIMENTS", {"fake": run_once})
+    rr.reproduce(None, size="quick", out=str(out))
+    monkeypatch.setattr(rr, "EXPERIMENTS", {"fake": needs_broad})
+    again = rr.reproduce(None, size="quick", out=str(out))
+    assert not again.skipped and again.rows[0]["value"] == 0.5
 
 
 def test_unknown_experiment_and_size_are_refused():

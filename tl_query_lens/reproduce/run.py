@@ -179,11 +179,17 @@ def missing_needs(name: str) -> str | None:
     return None
 
 
+def _saved(name: str, size: str, out: Path) -> bool:
+    """Whether ``out`` holds experiment ``name``'s result of this size (a rerun loads it)."""
+    marker = out / "experiments" / name / "size.json"
+    return marker.exists() and json.loads(marker.read_text(encoding="utf-8")).get("size") == size
+
+
 def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float]):
     experiment = EXPERIMENTS[name]
     folder = out / "experiments" / name
     marker = folder / "size.json"
-    if marker.exists() and json.loads(marker.read_text(encoding="utf-8")).get("size") == size:
+    if _saved(name, size, out):
         print(f"[{name}] loaded from {folder} (delete it to measure again)", flush=True)
         seconds[name] = 0.0
         return experiment.result_cls.load(folder / "result")
@@ -216,7 +222,7 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
     records = []
     for i, row in enumerate(rows, 1):
         if row.experiment not in results and row.experiment not in skipped:
-            why = missing_needs(row.experiment)
+            why = None if _saved(row.experiment, cfg.size, out) else missing_needs(row.experiment)
             if why is not None:
                 skipped[row.experiment] = why
                 print(f"[{row.experiment}] not measured: {why}", flush=True)
