@@ -118,6 +118,16 @@ def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
 
 def table1_saes(model, size: Size, workdir: Path) -> SavableResult:
     """Query Lens Table 1 under the paper's protocol on the shipped residual SAEs' features (§3)."""
+    return _table1(model, size, workdir, "stdlib")
+
+
+def table1_broad(model, size: Size, workdir: Path) -> SavableResult:
+    """Table 1 as :func:`table1_saes`, with the max-activating contexts searched in 'broad' prose instead of
+    docstrings (§4.2, the corpus-kind factor; its features are drawn among those active in that prose)."""
+    return _table1(model, size, workdir, "broad")
+
+
+def _table1(model, size: Size, workdir: Path, maxact_corpus: str) -> SavableResult:
     layers = SUITE_LAYERS if size == "full" else (12, 24)
     saes: dict[int | str, Any] = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
     per_layer, n_seqs, n_prompts, n_generate = (13, 128, 2, 10) if size == "full" else (6, 48, 1, 5)
@@ -130,7 +140,7 @@ def table1_saes(model, size: Size, workdir: Path) -> SavableResult:
         cache_dir=str(workdir / "operators"),
     )
     op_tokens = load_corpus("stdlib", model, n_seqs=2, seq_len=32, split="train")
-    ev_tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=32, split="evaluation")
+    ev_tokens = load_corpus(maxact_corpus, model, n_seqs=n_seqs, seq_len=32, split="evaluation")
     return evaluate_table1(model, saes, op_tokens, ev_tokens, cfg=cfg)
 
 
@@ -195,6 +205,17 @@ EXPERIMENTS: dict[str, Experiment] = {
                 "full": "layers 6/12/18/24 x 13 features, 128 x 32 tokens, 2 prompts x 10 tokens, 64 operator tokens",
                 "quick": "layers 12/24 x 6 features, 48 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
             },
+        ),
+        Experiment(
+            "table1_broad",
+            "Query Lens Table 1, paper protocol, residual-SAE features, max-activating contexts from 'broad' prose",
+            table1_broad,
+            SignatureEvaluation,
+            {
+                "full": "as table1_saes, the 128 x 32 max-activating tokens from the 'broad' corpus",
+                "quick": "as table1_saes quick, the 48 x 32 max-activating tokens from the 'broad' corpus",
+            },
+            needs=("broad",),
         ),
         Experiment(
             "ffkv_comparison",

@@ -86,6 +86,7 @@ READOUT = "reproduction §2 readout SAEs"
 TABLE1 = "reproduction §3 Query Lens Table 1"
 FFKV = "ffkv_comparison quality table"
 CERT_BROAD = "reproduction §4.3 certification on the 'broad' corpus"
+TABLE1_BROAD = "reproduction §4.2 Table 1, max-activating contexts from 'broad' prose"
 
 ROWS: list[Row] = [
     Row(
@@ -229,6 +230,24 @@ ROWS: list[Row] = [
             f"{method} {side} score (%)",
             paper,
             "table1_saes",
+            _table1(method, column),
+            ci=(_table1(method, column + "_lo"), _table1(method, column + "_hi")),
+            tolerance=2.0,
+        )
+        for method, side, column, paper in (
+            ("QL_KEY", "input", "input", "39.32"),
+            ("LL_KEY", "input", "input", "7.84"),
+            ("QL_VALUE", "output", "output@0.25", "15.24"),
+            ("LL_VALUE", "output", "output@0.25", "12.57"),
+        )
+    ],
+    *[
+        Row(
+            f"table1_broad.{method.lower()}.{side}",
+            TABLE1_BROAD,
+            f"{method} {side} score (%), contexts from prose",
+            paper,
+            "table1_broad",
             _table1(method, column),
             ci=(_table1(method, column + "_lo"), _table1(method, column + "_hi")),
             tolerance=2.0,
