@@ -23,8 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import InputError
+from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.presentation import Table
 from tl_query_lens.releases import shipped_only
 from tl_query_lens.reproduce import rows as row_table
@@ -169,9 +170,6 @@ def missing_needs(name: str) -> str | None:
     None."""
     for need in EXPERIMENTS[name].needs:
         if need == "broad":
-            from tl_query_lens.broad_corpus import read_manifest
-            from tl_query_lens.errors import MissingFileError
-
             try:
                 read_manifest()
             except MissingFileError as err:
