@@ -77,6 +77,28 @@ def _table1(method: str, column: str) -> tuple[Any, ...]:
     return ("table", "summary", {"method": method}, column)
 
 
+def _table1_rows(prefix: str, section: str, note: str, experiment: str) -> list[Row]:
+    """Table 1's four headline rows (QL/LL key input, QL/LL value output) of one experiment."""
+    return [
+        Row(
+            f"{prefix}.{method.lower()}.{side}",
+            section,
+            f"{method} {side} score (%){note}",
+            paper,
+            experiment,
+            _table1(method, column),
+            ci=(_table1(method, column + "_lo"), _table1(method, column + "_hi")),
+            tolerance=2.0,
+        )
+        for method, side, column, paper in (
+            ("QL_KEY", "input", "input", "39.32"),
+            ("LL_KEY", "input", "input", "7.84"),
+            ("QL_VALUE", "output", "output@0.25", "15.24"),
+            ("LL_VALUE", "output", "output@0.25", "12.57"),
+        )
+    ]
+
+
 def _compare(label: str, column: str) -> tuple[Any, ...]:
     return ("table", "comparison", {"label": label}, column)
 
@@ -223,42 +245,8 @@ ROWS: list[Row] = [
         ("scalar", "ablation_r2_control"),
         tolerance=0.05,
     ),
-    *[
-        Row(
-            f"table1.{method.lower()}.{side}",
-            TABLE1,
-            f"{method} {side} score (%)",
-            paper,
-            "table1_saes",
-            _table1(method, column),
-            ci=(_table1(method, column + "_lo"), _table1(method, column + "_hi")),
-            tolerance=2.0,
-        )
-        for method, side, column, paper in (
-            ("QL_KEY", "input", "input", "39.32"),
-            ("LL_KEY", "input", "input", "7.84"),
-            ("QL_VALUE", "output", "output@0.25", "15.24"),
-            ("LL_VALUE", "output", "output@0.25", "12.57"),
-        )
-    ],
-    *[
-        Row(
-            f"table1_broad.{method.lower()}.{side}",
-            TABLE1_BROAD,
-            f"{method} {side} score (%), contexts from prose",
-            paper,
-            "table1_broad",
-            _table1(method, column),
-            ci=(_table1(method, column + "_lo"), _table1(method, column + "_hi")),
-            tolerance=2.0,
-        )
-        for method, side, column, paper in (
-            ("QL_KEY", "input", "input", "39.32"),
-            ("LL_KEY", "input", "input", "7.84"),
-            ("QL_VALUE", "output", "output@0.25", "15.24"),
-            ("LL_VALUE", "output", "output@0.25", "12.57"),
-        )
-    ],
+    *_table1_rows("table1", TABLE1, "", "table1_saes"),
+    *_table1_rows("table1_broad", TABLE1_BROAD, ", contexts from prose", "table1_broad"),
     *[
         Row(
             f"ffkv.L{layer}.{key}.{column}",
