@@ -157,6 +157,7 @@ def check_settings(settings: list[SweepSettings]) -> None:
 def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Path | None = None) -> dict[str, Any]:
     """One Table-1 evaluation with ``settings``; the evaluation goes to ``folder/evaluation``."""
     from tl_query_lens import load_corpus, load_model
+    from tl_query_lens.operators import EngineConfig
     from tl_query_lens.query_lens.table1 import PAPER_GPT2, Table1Config, evaluate_table1
     from tl_query_lens.sources import load_sources, parse_sources
 
@@ -178,7 +179,7 @@ def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Pa
         features_per_layer=s.features_per_layer,
         exclude_first_positions=s.exclude_first_positions,
         seed=s.seed,
-        cache_dir=str(cache / f"{s.op_corpus}-{s.op_seqs}x{s.seq_len}-seed{s.seed}"),
+        engine=EngineConfig(cache_dir=str(cache / f"{s.op_corpus}-{s.op_seqs}x{s.seq_len}-seed{s.seed}")),
         **s.extra,
     )
     result = evaluate_table1(model, dictionaries, op, ev, cfg=cfg)

@@ -14,6 +14,8 @@ from tl_query_lens.query_lens.paper_protocol import (
     normalise_token_paper,
     up_projection_key_view,
 )
+from tl_query_lens.query_lens.protocols.paper import steering_rise
+from tl_query_lens.query_lens.steering import prompt_batches, rank_percentiles
 
 
 class ListTokenizer:
@@ -53,7 +55,8 @@ def kl_reference(model, layer, feature, alpha, prompt):
 def test_integer_alpha_is_the_smallest_integer_reaching_the_target():
     model = tiny_model("gated_rms")
     view = as_key_value(FFKV.from_model(model, 1), model)
-    prompts = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6, 7])]
+    # two prompts of equal length share one batched pass (prompt_batches); the reference runs each prompt alone
+    prompts = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6, 7]), torch.tensor([8, 9, 10, 11])]
     feats = torch.tensor([0, 7, 13])
     targets = (0.3, 1.0)
     alphas, kls = integer_alphas(model, view, feats, prompts, targets, high=200)
@@ -71,6 +74,34 @@ def test_integer_alpha_is_the_smallest_integer_reaching_the_target():
                 assert below < target
                 interior += a < 200
     assert interior > 0  # the bisection was exercised, not only the end points
+
+
+def test_prompt_batches_group_equal_lengths_in_order_and_cap_rows():
+    prompts = [torch.zeros(n, dtype=torch.long) for n in (1, 3, 2, 2, 3, 2, 2, 6)]
+    assert prompt_batches(prompts, rows_per_prompt=13, max_rows=39) == [[0], [1, 4], [2, 3, 5], [6], [7]]
+    assert prompt_batches(prompts[:2], rows_per_prompt=13) == [[0], [1]]  # distinct lengths: one prompt per pass
+    assert prompt_batches(prompts, rows_per_prompt=500, max_rows=128) == [[j] for j in range(8)]  # at least one
+
+
+def test_rank_percentiles_count_smaller_entries():
+    x = torch.randn(3, 5, 97, generator=torch.Generator().manual_seed(0))
+    smaller = (x[..., None, :] < x[..., :, None]).sum(-1)  # entries below each one: its rank from 0
+    torch.testing.assert_close(rank_percentiles(x), smaller.float() / 96)
+
+
+@torch.no_grad()
+def test_steering_rise_batches_prompts_exactly():
+    """Equal-length prompts continue in one batch; at near-zero temperature (greedy, no draw) the rise and KL equal
+    the mean of one-prompt runs."""
+    model = tiny_model("gated_rms")
+    view = as_key_value(FFKV.from_model(model, 1), model)
+    feats, alphas = torch.tensor([0, 7, 13]), torch.tensor([3.0, 5.0, 8.0])
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6, 7, 8]), torch.tensor([9, 10, 11])]
+    rise, kl = steering_rise(model, view, feats, alphas, prompts, n_generate=4, temperature=1e-6)
+    alone = [steering_rise(model, view, feats, alphas, [p], n_generate=4, temperature=1e-6) for p in prompts]
+    torch.testing.assert_close(rise, torch.stack([r for r, _ in alone]).mean(0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(kl, torch.stack([k for _, k in alone]).mean(0), atol=1e-5, rtol=1e-4)
+    assert rise.abs().sum() > 0 and (kl > 0).all()
 
 
 @torch.no_grad()

@@ -80,7 +80,7 @@ def kl_per_row(clean: torch.Tensor, steered: torch.Tensor) -> Float[torch.Tensor
 @torch.no_grad()
 def sample_continuations(
     model: HookedTransformer,
-    prompt: Int[torch.Tensor, " pos"],
+    prompt: Int[torch.Tensor, "*n_prompts pos"],
     n_rows: int,
     *,
     n_generate: int,
@@ -88,10 +88,14 @@ def sample_continuations(
     generator: torch.Generator,
     hooks: list | None = None,
 ) -> Int[torch.Tensor, "batch pos"]:
-    """Sample ``n_generate`` tokens after ``prompt`` for ``n_rows`` rows (KV cache; ``hooks`` act on every position)."""
+    """Sample ``n_generate`` tokens after ``prompt`` for ``n_rows`` rows (KV cache; ``hooks`` act on every position).
+
+    ``prompt`` is one prompt ``[pos]`` or equal-length prompts ``[g, pos]``; row ``j·n_rows + i`` continues prompt j.
+    """
     device = model.cfg.device
-    tokens = prompt.to(device)[None].expand(n_rows, -1).clone()
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, n_rows)
+    prompts = prompt.to(device).reshape(-1, prompt.shape[-1])
+    tokens = prompts.repeat_interleave(n_rows, dim=0)
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, len(tokens))
     step_input = tokens
     with model.hooks(fwd_hooks=hooks or []):
         for _ in range(n_generate):
@@ -105,9 +109,34 @@ def sample_continuations(
     return tokens
 
 
+MAX_BATCH_ROWS = 128  # rows of one batched steering pass: ~0.5 GB of float32 log-probs per 22 positions
+
+
+def prompt_batches(
+    prompts: Sequence[Int[torch.Tensor, " pos"]], rows_per_prompt: int, max_rows: int = MAX_BATCH_ROWS
+) -> list[list[int]]:
+    """Indices of ``prompts`` grouped for one batched pass each: equal token length (no padding, so every row is the
+    exact computation of its prompt alone), at most ``max_rows // rows_per_prompt`` prompts (≥ 1), groups in the
+    order of their first prompt. Prompts of distinct lengths give one group each, in their own order."""
+    per = max(1, max_rows // max(1, rows_per_prompt))
+    groups: dict[int, list[list[int]]] = {}
+    order: list[list[int]] = []
+    for j, p in enumerate(prompts):
+        chunks = groups.setdefault(len(p), [])
+        if not chunks or len(chunks[-1]) == per:
+            chunks.append([])
+            order.append(chunks[-1])
+        chunks[-1].append(j)
+    return order
+
+
 def rank_percentiles(logprobs: Float[torch.Tensor, "... d_vocab"]) -> Float[torch.Tensor, "... d_vocab"]:
     """Rank of every token in its distribution as a percentile in [0, 1] (1 = most likely)."""
-    ranks = logprobs.argsort(-1).argsort(-1)
+    order = logprobs.argsort(-1)
+    # the inverse permutation of the sort order, by scatter (one sort instead of argsort(argsort(x)))
+    ranks = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    )
     return ranks.float() / (logprobs.shape[-1] - 1)
 
 

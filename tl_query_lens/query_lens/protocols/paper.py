@@ -30,9 +30,11 @@ from tl_query_lens.dictionaries.key_value import KeyValueView
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.query_lens.max_activating import view_start_layer
 from tl_query_lens.query_lens.steering import (
+    MAX_BATCH_ROWS,
     TeacherForced,
     clamp_hooks,
     kl_per_row,
+    prompt_batches,
     rank_percentiles,
     sample_continuations,
 )
@@ -71,24 +73,32 @@ def integer_alphas(
     *,
     low: int = 1,
     high: int = 1000,
+    max_rows: int = MAX_BATCH_ROWS,
 ) -> tuple[Int[torch.Tensor, "n_targets n"], Float[torch.Tensor, "n_targets n"]]:
     """Smallest integer α in [low, high] with mean KL(clean ‖ steered) ≥ target on the teacher-forced prompts.
 
-    Integer bisection on the invariant KL(lo) < target ≤ KL(hi) (all features and targets batched); α = high when
-    even high stays below the target (logged). Returns ``(alphas, kl_at_alpha)``, both ``[n_targets, n]``.
+    Integer bisection on the invariant KL(lo) < target ≤ KL(hi) (all features and targets batched, and
+    equal-length prompts too, ``max_rows`` rows a pass); α = high when even high stays below the target (logged). Returns ``(alphas, kl_at_alpha)``, both ``[n_targets, n]``.
     """
     start = view_start_layer(view)
-    runs = [TeacherForced(model, p[None], start) for p in prompts]
     n, n_t = len(features), len(kl_targets)
     feats = features.repeat(n_t)
     target = torch.tensor(list(kl_targets), dtype=torch.float32).repeat_interleave(n)
+    # equal-length prompts share one teacher-forced batch: row j·len(feats) + r is (prompt j, feature row r)
+    runs = [
+        TeacherForced(model, torch.stack([prompts[j] for j in idx]), start)
+        for idx in prompt_batches(prompts, len(feats), max_rows)
+    ]
 
     def kl_at(alpha: torch.Tensor) -> torch.Tensor:
         total = torch.zeros(len(feats))
-        rows = torch.zeros(len(feats), dtype=torch.long)
         for run in runs:
-            total += kl_per_row(run.logprobs, run.steered_logprobs(view, feats, alpha.float(), rows)).cpu()
-        return total / len(runs)
+            g = len(run.tokens)
+            rows = torch.arange(g).repeat_interleave(len(feats))
+            steered = run.steered_logprobs(view, feats.repeat(g), alpha.float().repeat(g), rows)
+            kl = kl_per_row(run.logprobs[:, None], steered.reshape(g, len(feats), *steered.shape[1:]))
+            total += kl.sum(0).cpu()
+        return total / len(prompts)
 
     lo = torch.full((n * n_t,), low, dtype=torch.long)
     hi = torch.full((n * n_t,), high, dtype=torch.long)
@@ -124,35 +134,41 @@ def steering_rise(
     temperature: float = 0.75,
     seed: int = 0,
     positions: Literal["generated", "all"] = "generated",
+    max_rows: int = MAX_BATCH_ROWS,
 ) -> tuple[Float[torch.Tensor, "n d_vocab"], Float[torch.Tensor, " n"]]:
     """Mean rank-percentile rise of every token when feature i is clamped to α_i, and the KL on the steered text.
 
     Each prompt is continued by sampling with the clamp on every position; the clean and steered distributions are
     then read teacher-forced on that text, at the ``n_generate`` positions that predicted a generated token
-    (``"generated"``, the authors') or at every position (``"all"``, this project's).
+    (``"generated"``, the authors') or at every position (``"all"``, this project's). Equal-length prompts are
+    continued in one batch of at most ``max_rows`` rows (:func:`~tl_query_lens.query_lens.steering.prompt_batches`):
+    the same computation per row, but the sampling draws of prompts that share a batch come in another order than
+    one prompt at a time (prompts of distinct lengths, like the default four, are drawn exactly as before).
     """
     start = view_start_layer(view)
     n = len(features)
     rise = torch.zeros(n, model.cfg.d_vocab)
     kl = torch.zeros(n)
     gen = torch.Generator().manual_seed(seed)
-    rows = torch.arange(n)
-    for prompt in prompts:
+    for idx in prompt_batches(prompts, n, max_rows):
+        # equal-length prompts generate in one batch: row j·n + i is feature i continuing prompt idx[j]
+        g, length = len(idx), len(prompts[idx[0]])
+        feats, alpha = features.repeat(g), alphas.repeat(g)
         text = sample_continuations(
             model,
-            prompt,
+            torch.stack([prompts[j] for j in idx]),
             n,
             n_generate=n_generate,
             temperature=temperature,
             generator=gen,
-            hooks=clamp_hooks(view, features, alphas),
+            hooks=clamp_hooks(view, feats, alpha),
         )
         run = TeacherForced(model, text, start)
-        steered = run.steered_logprobs(view, features, alphas, rows)
-        keep = slice(len(prompt) - 1, len(prompt) - 1 + n_generate) if positions == "generated" else slice(None)
-        kl += kl_per_row(run.logprobs[:, keep], steered[:, keep]).cpu()
-        for i in range(n):
-            rise[i] += (rank_percentiles(steered[i, keep]) - rank_percentiles(run.logprobs[i, keep])).mean(0).cpu()
+        steered = run.steered_logprobs(view, feats, alpha, torch.arange(g * n))
+        keep = slice(length - 1, length - 1 + n_generate) if positions == "generated" else slice(None)
+        kl += kl_per_row(run.logprobs[:, keep], steered[:, keep]).reshape(g, n).sum(0).cpu()
+        for r in range(g * n):
+            rise[r % n] += (rank_percentiles(steered[r, keep]) - rank_percentiles(run.logprobs[r, keep])).mean(0).cpu()
     return rise / len(prompts), kl / len(prompts)
 
 
