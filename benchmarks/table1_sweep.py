@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _cells
@@ -297,11 +299,58 @@ def factor_series(
     return labels, series
 
 
+def _jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|A ∩ B| / |A ∪ B| of two token-id rows (padding -1 left out)."""
+    a, b = a[a >= 0], b[b >= 0]
+    union = torch.unique(torch.cat([a, b])).numel()
+    return torch.isin(torch.unique(a), b).sum().item() / union if union else 1.0
+
+
+def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
+    """Markdown: per cell that scores base's features, each method's mean top-k Jaccard with base's signatures and,
+    in brackets, how many features' input score changed. Empty when base is not done or no cell shares its features.
+
+    A cell with other operators can keep a score while its signatures change (and the reverse): this reads the
+    signatures themselves. Methods that do not read the varied factor are a control (1.00, 0 changed).
+    """
+    from tl_query_lens.query_lens.evaluation import SignatureEvaluation
+
+    if "base" not in cells:
+        return ""
+    same = [
+        n for n, c in cells.items() if n != "base" and c["result"]["features"] == cells["base"]["result"]["features"]
+    ]
+    if not same:
+        return ""
+    ref = SignatureEvaluation.load(_cells.cell_dir(out, "base") / "evaluation")
+    lines = []
+    for name in same:
+        ev = SignatureEvaluation.load(_cells.cell_dir(out, name) / "evaluation")
+        parts = []
+        for m, method in enumerate(ref.methods):
+            if method not in ev.methods:
+                parts.append("—")
+                continue
+            e = ev.methods.index(method)
+            sims = [_jaccard(x, y) for x, y in zip(ev.signature_ids[e], ref.signature_ids[m], strict=True)]
+            changed = int((ev.input_scores[e] != ref.input_scores[m]).sum())
+            parts.append(f"{sum(sims) / len(sims):.2f} ({changed})")
+        lines.append(f"| {name} | " + " | ".join(parts) + " |")
+    head = "| cell | " + " | ".join(ref.methods) + " |"
+    return "\n".join([head, "|" + "---|" * (len(ref.methods) + 1), *lines])
+
+
 def report(out: Path) -> str:
     cells = _cells.load_cells(out, list(CELLS))
     if not cells:
         return "no cell done yet"
     text = report_table(cells)
+    overlap = signature_overlap(out, cells)
+    if overlap:
+        text += (
+            "\n\nSignatures against base's (same features): mean top-k Jaccard per method, and in brackets how many "
+            "features' input score changed\n\n" + overlap
+        )
     for factor in FACTORS:
         labels, series = factor_series(cells, factor)
         (out / f"plot_{factor}.svg").write_text(svg_plot(f"Table 1 against {factor}", labels, series))

@@ -120,6 +120,20 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     svg = (out / "plot_ops.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<circle") == 2 * 2 * len(sweep.METHODS)  # 2 cells × in/out
     assert (out / "plot_maxact.svg").exists()
+    # Signatures against base's: ops-512 scores base's features; reference by sets, feature by feature.
+    other = SignatureEvaluation.load(out / "cells" / "ops-512" / "evaluation")
+    assert other.features.tolist() == saved.features.tolist()
+    table = text.split("Signatures against base's")[1]
+    row = next(line for line in table.splitlines() if line.startswith("| ops-512 |")).strip("| ").split(" | ")[1:]
+    for m, method in enumerate(saved.methods):
+        sims = []
+        for a, b in zip(other.signature_ids[m].tolist(), saved.signature_ids[m].tolist(), strict=True):
+            sa, sb = {t for t in a if t >= 0}, {t for t in b if t >= 0}
+            sims.append(len(sa & sb) / len(sa | sb))
+        changed = sum(x != y for x, y in zip(other.input_scores[m].tolist(), saved.input_scores[m].tolist()))
+        assert row[m] == f"{sum(sims) / len(sims):.2f} ({changed})", method
+    ll_key = saved.methods.index("LL_KEY")  # the logit lens does not read the operators: a control
+    assert row[ll_key] == "1.00 (0)"
 
 
 def test_sweep_prompts_and_the_broad_check(tmp_path, monkeypatch):
