@@ -182,6 +182,7 @@ def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Pa
         exclude_first_positions=s.exclude_first_positions,
         seed=s.seed,
         engine=EngineConfig(cache_dir=str(cache / f"{s.op_corpus}-{s.op_seqs}x{s.seq_len}-seed{s.seed}")),
+        checkpoint_dir=str(folder / "parts"),  # a stopped cell resumes dictionary by dictionary
         **s.extra,
     )
     result = evaluate_table1(model, dictionaries, op, ev, cfg=cfg)

@@ -180,6 +180,57 @@ def test_table1_on_ffkv_and_a_topk_sae_side_by_side(tmp_path):
         res.select(["sae L2 other"])
 
 
+@torch.no_grad()
+def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
+    """A run stopped after its first dictionary resumes from the saved part and ends equal to an uninterrupted run;
+    a changed option or an unreadable part is evaluated again."""
+    import tl_query_lens.query_lens.table1 as table1
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
+    dictionaries = {"ffkv L1": FFKV.from_model(model, LAYER, "vanilla"), "sae L1 topk": topk_sae(model)}
+    kwargs = dict(
+        tokenizer=ListTokenizer(model.cfg.d_vocab),
+        prompt_tokens=[torch.tensor([1, 2, 3]), torch.tensor([4, 5])],
+        features_per_layer=3,
+        seed=4,
+        **SMALL,
+    )
+    reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs)
+    real, calls = table1.evaluate_signatures, []
+
+    def counted(*args, fail_at=None, **kw):
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise KeyboardInterrupt("stopped")
+        return real(*args, **kw)
+
+    def run(fail_at=None, **extra):
+        calls.clear()
+        monkeypatch.setattr(table1, "evaluate_signatures", lambda *a, **kw: counted(*a, fail_at=fail_at, **kw))
+        return evaluate_table1(model, dictionaries, tokens[:2], tokens, checkpoint_dir=str(tmp_path), **kwargs | extra)
+
+    def same(res):
+        assert res.dictionaries == reference.dictionaries and res.methods == reference.methods
+        for name in ("features", "input_scores", "output_scores", "signature_ids", "alphas", "steered_top"):
+            assert torch.equal(getattr(res, name), getattr(reference, name)), name
+
+    with pytest.raises(KeyboardInterrupt):
+        run(fail_at=2)  # stopped while evaluating the second dictionary
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert len(saved) == 1 and saved[0].startswith("ffkv_L1"), saved  # no half-written folder of the second
+    same(run())
+    assert len(calls) == 1  # only the second dictionary was evaluated
+    same(run())
+    assert len(calls) == 0  # everything loaded
+    (next(p for p in tmp_path.iterdir() if "sae" in p.name) / "tensors.safetensors").unlink()
+    same(run())
+    assert len(calls) == 1  # the unreadable part was evaluated again
+    changed = run(n_steps=3)
+    assert len(calls) == 2 and len(list(tmp_path.iterdir())) == 4  # another option: new parts beside the old
+    assert torch.equal(changed.features, reference.features)
+
+
 def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):
     model = tiny_model("gelu_ln")
     sae = topk_sae(model)
@@ -249,6 +300,12 @@ def test_cli_ql_evaluate_scores_ffkv_and_an_sae_folder_side_by_side(tiny_cli, tm
     saved = SignatureEvaluation.load(out / "all")
     assert saved.config["feature_selection_by_dictionary"][f"sae L1 {HOOK}"]["rule"] == "active"
     assert saved.config["exclude_first_positions"] == 1
+    # each dictionary's part was kept under <out>/parts; a rerun loads both and writes the same table
+    parts = sorted((out / "parts").iterdir())
+    assert len(parts) == 2 and [SignatureEvaluation.load(p).features.numel() for p in parts] == [3, 3]
+    first = (out / "table1.csv").read_text()
+    monkeypatch.setattr("tl_query_lens.query_lens.table1.evaluate_signatures", lambda *a, **k: 1 / 0)
+    assert main(argv) == 0 and (out / "table1.csv").read_text() == first
 
 
 def test_cli_certify_paper_protocol_on_a_topk_sae(tiny_cli, tmp_path):

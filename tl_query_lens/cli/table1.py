@@ -42,8 +42,14 @@ def run_table1(
         features=None,
         prompts=NEUTRAL_PROMPTS[:n_prompts],
         cache_dir=getattr(args, "cache_dir", None) or str(out / "operators"),
+        # each dictionary's scores are kept as they finish: a stopped run resumes dictionary by dictionary
+        checkpoint_dir=getattr(args, "checkpoint_dir", None) or str(out / "parts"),
     )
-    dims = check_run(run_cfg, folders={"--cache-dir": getattr(args, "cache_dir", None)}, op_seq_len=op_seq_len)
+    folders = {
+        "--cache-dir": getattr(args, "cache_dir", None),
+        "--checkpoint-dir": getattr(args, "checkpoint_dir", None),
+    }
+    dims = check_run(run_cfg, folders=folders, op_seq_len=op_seq_len)
     sources = parse_sources(run_cfg.dictionary)
     parse_layers(run_cfg.layers, dims.n_layers if dims else None)
     n_eval = ev_seqs or run_cfg.n_seqs

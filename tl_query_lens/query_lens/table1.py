@@ -8,10 +8,15 @@ Departures from the paper are the CPU-sized corpora (see docs/query_lens_evaluat
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -19,10 +24,14 @@ from jaxtyping import Int
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError
+from tl_query_lens.errors import CorruptFileError, InputError
+from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.operators import EngineConfig
 from tl_query_lens.operators.config import fold_flat_engine_options
+from tl_query_lens.operators.engine import basis_fingerprint
+from tl_query_lens.paths import result_name
 from tl_query_lens.query_lens.evaluation import (
     EvaluationConfig,
     SignatureEvaluation,
@@ -60,6 +69,10 @@ class Table1Config(EvaluationConfig):
             kept in its cache_dir). Keyword overrides of :func:`evaluate_table1` reach its fields (``chunk=16``).
         up_key: also score the authors' SwiGLU key (up-projection column at ``hook_resid_mid``) as LL_KEY_UP /
             QL_KEY_UP beside LL_KEY / QL_KEY.
+        checkpoint_dir: folder where each dictionary's evaluation is saved as soon as it is done; a rerun that
+            matches it (model, dictionary, corpora, prompts, features and every other option) loads it instead of
+            evaluating that dictionary again, so a long run that is stopped resumes dictionary by dictionary.
+            None: nothing is saved.
     """
 
     k: int = 25
@@ -74,6 +87,7 @@ class Table1Config(EvaluationConfig):
     chunk: InitVar[int | None] = None
     cache_dir: InitVar[str | None] = None
     up_key: bool = False
+    checkpoint_dir: str | None = None
 
     RANGES: ClassVar[dict[str, str]] = EvaluationConfig.RANGES | {
         "k": "[1, inf)",
@@ -177,18 +191,28 @@ def evaluate_table1(
             up = up_views[label]
             methods["LL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="logit_lens").top_ids
             methods["QL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="full").top_ids
-        part = evaluate_signatures(
-            model,
-            dictionary,
-            evaluation_tokens,
-            methods,
-            features,
-            contexts=contexts[label],
-            tokenizer=tokenizer,
-            prompt_tokens=prompt_tokens,
-            cfg=evaluation,
-        )
-        part.dictionaries = [str(label)] * features.numel()
+        saved = None
+        if cfg.checkpoint_dir is not None:
+            key = _part_fingerprint(
+                model, dictionary, label, features, operator_tokens, evaluation_tokens, tokenizer, prompt_tokens, cfg
+            )
+            saved = Path(cfg.checkpoint_dir) / f"{result_name(label)}-{key}"
+        part = _load_part(saved)
+        if part is None:
+            part = evaluate_signatures(
+                model,
+                dictionary,
+                evaluation_tokens,
+                methods,
+                features,
+                contexts=contexts[label],
+                tokenizer=tokenizer,
+                prompt_tokens=prompt_tokens,
+                cfg=evaluation,
+            )
+            part.dictionaries = [str(label)] * features.numel()
+            if saved is not None:
+                _save_part(part, saved)
         parts.append(part)
         logger.info("%s done after %.0f s", label, time.perf_counter() - start)
     result = SignatureEvaluation.concat(parts)
@@ -200,6 +224,63 @@ def evaluate_table1(
         "seconds": seconds,
     }
     return result
+
+
+def _part_fingerprint(
+    model: HookedTransformer,
+    dictionary: Any,
+    label: Any,
+    features: torch.Tensor,
+    operator_tokens: torch.Tensor,
+    evaluation_tokens: torch.Tensor,
+    tokenizer: Any,
+    prompt_tokens: Sequence[torch.Tensor] | None,
+    cfg: Table1Config,
+) -> str:
+    """Hash of everything one dictionary's evaluation depends on; where files are kept (checkpoint and operator
+    cache folders) does not enter."""
+    options = dataclasses.asdict(cfg)
+    options.pop("checkpoint_dir")
+    options["engine"].pop("cache_dir", None)
+    view = as_key_value(dictionary, model)
+    tensors = {"keys": view.keys, "values": view.values, "b_enc": view.b_enc, "b_dec": view.b_dec}
+    record = {
+        "label": str(label),
+        "features": features.tolist(),
+        "options": options,
+        "model": [str(model.cfg.model_name), weights_fingerprint(model)],
+        "dictionary": [view.activation, view.read_hook, view.write_hook]
+        + [basis_fingerprint(t) if isinstance(t, torch.Tensor) else None for t in tensors.values()],
+        "operator_tokens": corpus_fingerprint(operator_tokens),
+        "evaluation_tokens": corpus_fingerprint(evaluation_tokens),
+        "tokenizer": None if tokenizer is None else type(tokenizer).__name__,
+        "prompt_tokens": None
+        if prompt_tokens is None
+        else [corpus_fingerprint(t.reshape(1, -1)) for t in prompt_tokens],
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _load_part(folder: Path | None) -> SignatureEvaluation | None:
+    """A dictionary's saved evaluation, or None where there is none (or it cannot be read: it is then redone)."""
+    if folder is None or not folder.is_dir():
+        return None
+    try:
+        part = SignatureEvaluation.load(folder)
+    except (CorruptFileError, TypeError) as err:
+        logger.warning("checkpoint %s cannot be read (%s); evaluating again", folder, err)
+        return None
+    logger.info("loaded %s (checkpoint_dir)", folder)
+    return part
+
+
+def _save_part(part: SignatureEvaluation, folder: Path) -> None:
+    """Save atomically: into a sibling folder, then renamed, so a stop midway leaves no half-written part."""
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    part.save(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.replace(folder)
 
 
 def select_features(
