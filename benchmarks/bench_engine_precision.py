@@ -50,13 +50,6 @@ def small_model(device: str):
     return HookedSAETransformer(cfg).eval()
 
 
-def jaccard(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-row Jaccard overlap of two ``[n, k]`` id tables."""
-    return torch.tensor(
-        [len(set(x.tolist()) & set(y.tolist())) / len(set(x.tolist()) | set(y.tolist())) for x, y in zip(a, b)]
-    )
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -78,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from tl_query_lens import FFKV, QueryLens, load_corpus, load_model
     from tl_query_lens.operators.flops import count_flops
+    from tl_query_lens.primitives import row_jaccard
 
     device = torch.device(args.device)
     if args.embedded:
@@ -150,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["signature_jaccard"] = {}
         for side in ("value", "key"):
             for end in ("top", "bottom"):
-                j = jaccard(getattr(ref["sigs"][side], f"{end}_ids"), getattr(low["sigs"][side], f"{end}_ids"))
+                j = row_jaccard(getattr(ref["sigs"][side], f"{end}_ids"), getattr(low["sigs"][side], f"{end}_ids"))
                 result["signature_jaccard"][f"{side} {end}-{args.k}"] = {
                     "mean": round(float(j.mean()), 4),
                     "min": round(float(j.min()), 4),

@@ -38,8 +38,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _cells
@@ -300,13 +298,6 @@ def factor_series(
     return labels, series
 
 
-def _jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
-    """|A ∩ B| / |A ∪ B| of two token-id rows (padding -1 left out)."""
-    a, b = a[a >= 0], b[b >= 0]
-    union = torch.unique(torch.cat([a, b])).numel()
-    return torch.isin(torch.unique(a), b).sum().item() / union if union else 1.0
-
-
 def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
     """Markdown: per cell that scores base's features, each method's mean top-k Jaccard with base's signatures and,
     in brackets, how many features' input score changed. Empty when base is not done or no cell shares its features.
@@ -314,6 +305,7 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
     A cell with other operators can keep a score while its signatures change (and the reverse): this reads the
     signatures themselves. Methods that do not read the varied factor are a control (1.00, 0 changed).
     """
+    from tl_query_lens.primitives import row_jaccard
     from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 
     if "base" not in cells:
@@ -333,9 +325,9 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
                 parts.append("—")
                 continue
             e = ev.methods.index(method)
-            sims = [_jaccard(x, y) for x, y in zip(ev.signature_ids[e], ref.signature_ids[m], strict=True)]
+            sims = row_jaccard(ev.signature_ids[e], ref.signature_ids[m])  # the -1 padding left out
             changed = int((ev.input_scores[e] != ref.input_scores[m]).sum())
-            parts.append(f"{sum(sims) / len(sims):.2f} ({changed})")
+            parts.append(f"{sims.mean().item():.2f} ({changed})")
         lines.append(f"| {name} | " + " | ".join(parts) + " |")
     head = "| cell | " + " | ".join(ref.methods) + " |"
     return "\n".join([head, "|" + "---|" * (len(ref.methods) + 1), *lines])

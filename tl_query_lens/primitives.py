@@ -3,7 +3,7 @@
 Splicing at a hook (:func:`splice_hooks`), keeping the first positions of every window clean
 (:func:`check_first_positions`, :func:`write_from`), re-running from a cached clean residual (:func:`clean_run`,
 :func:`run_from_residual`), TopK (:func:`topk_mask`, :func:`topk_relu`, :func:`topk_relu_codes`), KL
-(:func:`kl_divergence`), where a truncated forward pass may stop (:func:`stop_layer`), percentile bootstraps
+(:func:`kl_divergence`), top-k id-set overlap (:func:`row_jaccard`), where a truncated forward pass may stop (:func:`stop_layer`), percentile bootstraps
 (:func:`bootstrap_indices`, :func:`mean_ci`, :func:`cluster_bootstrap`) and the readout SAE's μ / a_t row
 normalisation (:func:`normalise_rows`).
 """
@@ -126,6 +126,21 @@ def topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
     """Dense TopK_k(ReLU(pre)) over the last axis."""
     idx, val = topk_relu_codes(pre, k)
     return torch.zeros_like(pre).scatter(-1, idx, val)
+
+
+def row_jaccard(
+    a: Int[torch.Tensor, "n k"], b: Int[torch.Tensor, "n k2"], *, pad: int = -1
+) -> Float[torch.Tensor, " n"]:
+    """Per-row Jaccard overlap |A ∩ B| / |A ∪ B| of two id tables (e.g. top-k signatures of two runs); entries equal
+    to ``pad`` are left out (rows padded to a common k), and two empty rows count as 1."""
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"row_jaccard needs the same number of rows, got {a.shape[0]} and {b.shape[0]}.")
+    scores = []
+    for x, y in zip(a.tolist(), b.tolist()):
+        sx, sy = set(x) - {pad}, set(y) - {pad}
+        union = len(sx | sy)
+        scores.append(len(sx & sy) / union if union else 1.0)
+    return torch.tensor(scores, dtype=torch.float64)
 
 
 # ----- divergences ---------------------------------------------------------------------------------------------------
