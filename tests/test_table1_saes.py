@@ -184,7 +184,7 @@ def test_table1_on_ffkv_and_a_topk_sae_side_by_side(tmp_path):
 def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
     """A run stopped after its first dictionary resumes from the saved part and ends equal to an uninterrupted run;
     a changed option or an unreadable part is evaluated again."""
-    import tl_query_lens.query_lens.table1 as table1
+    from tl_query_lens.query_lens import table1
 
     model = tiny_model("gelu_ln")
     tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
