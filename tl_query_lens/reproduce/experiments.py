@@ -138,6 +138,7 @@ def _table1(model, size: Size, workdir: Path, maxact_corpus: str) -> SavableResu
         prompts=tuple(NEUTRAL_PROMPTS[:n_prompts]),
         n_generate=n_generate,
         cache_dir=str(workdir / "operators"),
+        checkpoint_dir=str(workdir / "parts"),  # a stopped run resumes layer by layer
     )
     op_tokens = load_corpus("stdlib", model, n_seqs=2, seq_len=32, split="train")
     ev_tokens = load_corpus(maxact_corpus, model, n_seqs=n_seqs, seq_len=32, split="evaluation")
