@@ -13,8 +13,9 @@ them from that base (``base``), keeping the others:
   openers of :func:`sweep_prompts`);
 - operator corpus (train split of the embedded corpus): 512 and 4,096 tokens.
 
-Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell; the
-operators of a corpus are cached under ``<out>/operators``). The report is a markdown table of every cell (mean and
+Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell); inside a
+cell, each layer's scores are kept under ``<out>/cells/<cell>/parts`` as that layer finishes and the operators of a
+corpus under ``<out>/operators`` after every minibatch, so a stopped cell resumes from its last layer or minibatch. The report is a markdown table of every cell (mean and
 95 % bootstrap interval per method, input and output) and one SVG plot per factor (``<out>/plot_<factor>.svg``).
 
     nice -n 19 python benchmarks/table1_sweep.py --out results/table1_sweep              # every cell, resumable
