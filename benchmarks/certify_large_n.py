@@ -12,7 +12,9 @@ adds rows at those N (``<cell>@N1000``), rebuilt from the saved per-window losse
 The N = 5,000 cells are the ``full`` size of ``tlql reproduce``'s ``certify_broad_*`` experiments (the same call,
 ``certify_sources``).
 
-Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell). The
+Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell);
+inside a cell the evaluation pass saves its per-window losses about once a minute (``checkpoint_dir``), so a stopped
+cell resumes after its last saved window. The
 report is one table: per cell and dictionary, N, n_cal, P of m, η̂, R̂, ε̂, the Occam and fixed-pool bounds against
 log₂|V| and the closed-form N*.
 
@@ -130,6 +132,7 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
         exclude_first_positions=s.exclude_first_positions,
         shuffle=s.shuffle,
         seed=s.seed,
+        checkpoint_dir=str(folder / "partial"),  # a stopped cell resumes after its last saved window
         **s.extra,
     )
     result = certify_sources(model, s.dictionary, s.corpus, cfg, tuple(s.layers))

@@ -372,3 +372,49 @@ def test_embedded_model_full_width_ffkv_proxy_is_exact_and_topk_is_not(embedded_
     assert full.baseline_bits == pytest.approx(math.log2(49152)) and full.Delta == pytest.approx(15.5849919, abs=1e-6)
     topk = tq.certify(model, sae, cal, ev, k=64)
     assert topk.eps_hat > full.eps_hat and topk.P <= model.cfg.d_mlp
+
+
+@torch.no_grad()
+def test_checkpoint_dir_resumes_the_proxy_pass_where_it_stopped(tmp_path, monkeypatch):
+    """A pass stopped after two batches resumes from its saved windows and ends equal to an uninterrupted run; a
+    changed option starts a file of its own."""
+    from tl_query_lens.certify import losses
+
+    model = tiny_model("gelu_ln")
+    sae = _sae("topk", model, "blocks.1.hook_resid_post")
+    cal, ev = tiny_tokens(model, 6, 10, seed=1), tiny_tokens(model, 24, 10, seed=2)
+    reference = tq.certify(model, sae, cal, ev, k=4, batch_size=4)
+    monkeypatch.setattr(losses, "CHECKPOINT_SECONDS", 0.0)  # save after every batch
+    real, calls = losses.clean_run, []
+
+    def counted(*args, stop_at=None, **kw):
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt("stopped")
+        return real(*args, **kw)
+
+    def run(stop_at=None, **extra):
+        calls.clear()
+        monkeypatch.setattr(losses, "clean_run", lambda *a, **kw: counted(*a, stop_at=stop_at, **kw))
+        options = {"k": 4, "batch_size": 4, "checkpoint_dir": str(tmp_path)} | extra
+        return tq.certify(model, sae, cal, ev, **options)
+
+    def same(cert):
+        for name in ("loss_clean", "loss_proxy", "loss_restricted", "leaves_pool", "kl_per_seq", "top1_per_seq"):
+            assert torch.equal(getattr(cert, name), getattr(reference, name)), name
+        assert (cert.bound, cert.bound_occam, cert.eta_hat) == (
+            reference.bound,
+            reference.bound_occam,
+            reference.eta_hat,
+        )
+
+    with pytest.raises(KeyboardInterrupt):
+        run(stop_at=3)  # stopped in the third of six batches
+    (saved,) = tmp_path.iterdir()
+    assert int(losses.read_tensors(saved)[1]["windows"]) == 8
+    same(run())
+    assert len(calls) == 4  # batches 3..6 only
+    same(run())
+    assert len(calls) == 0  # the whole pass was loaded
+    other = run(alpha=0.6)
+    assert len(calls) == 6 and len(list(tmp_path.iterdir())) == 2 and other.bound != reference.bound

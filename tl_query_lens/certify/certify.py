@@ -7,11 +7,14 @@ model's risk. The schedule of N is prefixes of the evaluation split, so the boun
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -31,9 +34,10 @@ from tl_query_lens.certify.bound import (
 from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import check_ranges, resolve_config
-from tl_query_lens.corpus import check_disjoint
+from tl_query_lens.corpus import check_disjoint, corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
@@ -167,6 +171,9 @@ class CertifyConfig:
             positions ≥ n. N still counts windows. SAEBench's ``exclude_special_tokens_from_reconstruction`` by
             position: use 1 for dictionaries trained without position 0 (the tlql-saes suite; SmolLM2's position 0 is
             an attention sink).
+        checkpoint_dir: folder where the evaluation pass saves its per-window losses as it goes (about once a
+            minute), in a file keyed by the model's and dictionaries' weights, the pools, the windows and the loss
+            options; a rerun that matches resumes after the last saved window. None: nothing is saved.
     """
 
     k: int = 64
@@ -176,6 +183,7 @@ class CertifyConfig:
     n_schedule: list[int] | None = None
     batch_size: int = 16
     exclude_first_positions: int = 0
+    checkpoint_dir: str | None = None
 
     RANGES: ClassVar[dict[str, str]] = {
         "k": "[1, inf)",
@@ -345,6 +353,10 @@ def certify_many(
     first = cfg.exclude_first_positions
     pools = feature_pool(model, splices, calibration_tokens, batch_size=cfg.batch_size, exclude_first_positions=first)
     times.pool += time.perf_counter() - t0
+    checkpoint = None
+    if cfg.checkpoint_dir is not None:
+        key = _pass_key(model, splices, pools, evaluation_tokens, cfg)
+        checkpoint = Path(cfg.checkpoint_dir) / f"proxy-pass-{key}.safetensors"
     loss_clean, losses = proxy_pass(
         model,
         splices,
@@ -354,6 +366,7 @@ def certify_many(
         batch_size=cfg.batch_size,
         times=times,
         exclude_first_positions=first,
+        checkpoint=checkpoint,
     )
     scored = int(evaluation_tokens.shape[1]) - 1 - first
     logger.info(
@@ -397,6 +410,39 @@ def certify_many(
             c.m,
         )
     return out
+
+
+def _pass_key(
+    model: HookedTransformer,
+    splices: dict[Hashable, Splice],
+    pools: dict[Hashable, torch.Tensor],
+    tokens: torch.Tensor,
+    cfg: CertifyConfig,
+) -> str:
+    """Hash of everything the evaluation pass's per-window losses depend on (names the checkpoint file)."""
+    proxies = []
+    for name, splice in splices.items():
+        sae_cfg = splice.sae.cfg.to_dict() if hasattr(splice.sae.cfg, "to_dict") else str(splice.sae.cfg)
+        perm = splice.permutation
+        proxies.append(
+            [
+                str(name),
+                type(splice.sae).__name__,
+                sae_cfg,
+                weights_fingerprint(splice.sae),
+                splice.rule,
+                splice.k,
+                None if perm is None else corpus_fingerprint(perm.reshape(1, -1)),
+                corpus_fingerprint(pools[name].reshape(1, -1).long()),
+            ]
+        )
+    record = {
+        "model": [str(model.cfg.model_name), weights_fingerprint(model)],
+        "tokens": corpus_fingerprint(tokens),
+        "options": [cfg.alpha, cfg.batch_size, cfg.exclude_first_positions],
+        "proxies": proxies,
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def certify(

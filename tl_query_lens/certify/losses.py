@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.primitives import (
     LOG2,
@@ -40,6 +42,7 @@ from tl_query_lens.primitives import (
     topk_mask,
     write_from,
 )
+from tl_query_lens.results import read_tensors, write_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -203,11 +206,16 @@ def proxy_pass(
     batch_size: int = 16,
     times: PassTimes | None = None,
     exclude_first_positions: int = 0,
+    checkpoint: Path | None = None,
 ) -> tuple[Float[torch.Tensor, " n_seqs"], dict[Hashable, ProxyLosses]]:
     """One clean pass over ``tokens`` shared by every splice; each proxy restarts from the clean residual.
 
     The restricted proxy h_G is run only on sequences whose support leaves G*: elsewhere it equals S∘M exactly.
     Positions < ``exclude_first_positions`` are neither spliced nor scored (module docstring).
+
+    ``checkpoint``: a file where the per-window losses done so far are saved (at most every
+    :data:`CHECKPOINT_SECONDS`); where it exists the pass resumes after its last window. The caller keys its name by
+    everything the losses depend on (:func:`~tl_query_lens.certify.certify.certify_many`).
 
     Returns:
         ``(loss_clean, {name: ProxyLosses})``.
@@ -216,10 +224,10 @@ def proxy_pass(
     first = exclude_first_positions
     starts = {s.start_layer for s in splices.values()}
     clean_losses: list[torch.Tensor] = []
-    parts: dict[Hashable, dict[str, list[torch.Tensor]]] = {
-        n: {f: [] for f in ("loss_proxy", "loss_restricted", "leaves_pool", "kl_bits", "top1")} for n in splices
-    }
-    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="proxy pass", leave=False):
+    parts: dict[Hashable, dict[str, list[torch.Tensor]]] = {n: {f: [] for f in _LOSS_FIELDS} for n in splices}
+    done = _resume(checkpoint, clean_losses, parts)
+    saved_at = time.monotonic()
+    for start in tqdm(range(done, tokens.shape[0], batch_size), desc="proxy pass", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         t0 = time.perf_counter()
         logits, resid = clean_run(model, batch, starts)
@@ -258,5 +266,43 @@ def proxy_pass(
                 ("top1", top1),
             ):
                 parts[name][field].append(value.cpu())
+        if checkpoint is not None and time.monotonic() - saved_at >= CHECKPOINT_SECONDS:
+            _save_progress(checkpoint, clean_losses, parts)
+            saved_at = time.monotonic()
+    if checkpoint is not None:
+        _save_progress(checkpoint, clean_losses, parts)
     out = {n: ProxyLosses(**{f: torch.cat(v) for f, v in p.items()}) for n, p in parts.items()}
     return torch.cat(clean_losses), out
+
+
+_LOSS_FIELDS = ("loss_proxy", "loss_restricted", "leaves_pool", "kl_bits", "top1")
+CHECKPOINT_SECONDS = 60.0  # how often a checkpointed proxy pass saves its progress
+
+
+def _save_progress(path: Path, clean: list[torch.Tensor], parts: dict[Hashable, dict[str, list[torch.Tensor]]]) -> None:
+    """Per-window losses so far, the proxies in ``parts``' order (atomic write)."""
+    tensors = {"loss_clean": torch.cat(clean)} if clean else {}
+    for i, fields in enumerate(parts.values()):
+        tensors.update({f"{i}.{f}": torch.cat(v) for f, v in fields.items() if v})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_tensors(path, tensors, {"windows": int(tensors["loss_clean"].shape[0]) if clean else 0})
+
+
+def _resume(path: Path | None, clean: list[torch.Tensor], parts: dict[Hashable, dict[str, list[torch.Tensor]]]) -> int:
+    """Fill ``clean`` / ``parts`` from a saved pass; returns its window count (0: none, or unreadable)."""
+    if path is None or not path.is_file():
+        return 0
+    try:
+        tensors, meta = read_tensors(path)
+    except CorruptFileError as err:
+        logger.warning("%s; the proxy pass starts again", err)
+        return 0
+    windows = int(meta.get("windows", 0))
+    if windows == 0:
+        return 0
+    clean.append(tensors["loss_clean"])
+    for i, fields in enumerate(parts.values()):
+        for f in _LOSS_FIELDS:
+            fields[f].append(tensors[f"{i}.{f}"])
+    logger.info("proxy pass resumed after %d windows (%s)", windows, path)
+    return windows

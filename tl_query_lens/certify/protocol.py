@@ -127,6 +127,8 @@ class ProtocolCertifyConfig:
         bins: bins of the |gap| densities.
         exclude_first_positions: positions < n of every window neither spliced nor scored, as in
             :class:`~tl_query_lens.certify.certify.CertifyConfig` (N still counts windows).
+        checkpoint_dir: where the evaluation pass saves its progress, so a stopped run resumes (as in
+            :class:`~tl_query_lens.certify.certify.CertifyConfig`).
     """
 
     protocol: CertifyProtocol = "paper"
@@ -142,6 +144,7 @@ class ProtocolCertifyConfig:
     seed: int = 0
     bins: int = 40
     exclude_first_positions: int = 0
+    checkpoint_dir: str | None = None
 
     RANGES: ClassVar[dict[str, str]] = {
         "n_cal": "[1, inf)",
@@ -168,7 +171,7 @@ class ProtocolCertifyConfig:
 
     def certify_config(self) -> CertifyConfig:
         """The :class:`CertifyConfig` of every certificate."""
-        names = ("k", "delta", "alpha", "rule", "batch_size", "exclude_first_positions")
+        names = ("k", "delta", "alpha", "rule", "batch_size", "exclude_first_positions", "checkpoint_dir")
         return CertifyConfig(**{name: getattr(self, name) for name in names})
 
 

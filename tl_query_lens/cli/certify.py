@@ -55,8 +55,11 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.paths import result_names
     from tl_query_lens.sources import load_sources, parse_sources
 
-    run_cfg, cfg = build(RunConfig, args), build(protocol.ProtocolCertifyConfig, args)
-    dims = check_run(run_cfg, seq_len=cfg.seq_len)
+    run_cfg = build(RunConfig, args)
+    # the evaluation pass saves its progress there, so a stopped run resumes where it was
+    checkpoint = getattr(args, "checkpoint_dir", None) or str(Path(run_cfg.out) / "partial")
+    cfg = build(protocol.ProtocolCertifyConfig, args, checkpoint_dir=checkpoint)
+    dims = check_run(run_cfg, folders={"--checkpoint-dir": getattr(args, "checkpoint_dir", None)}, seq_len=cfg.seq_len)
     sources = parse_sources(run_cfg.dictionary)
     parse_layers(run_cfg.layers, dims.n_layers if dims else None)
     if dims is not None:

@@ -100,7 +100,13 @@ def certify_broad(family: str) -> Callable[[Any, Size, Path], SavableResult]:
 
     def run(model, size: Size, workdir: Path) -> SavableResult:
         n_cal, n_eval = BROAD_SIZES[size]
-        cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, exclude_first_positions=1)
+        cfg = ProtocolCertifyConfig(
+            protocol="paper",
+            n_cal=n_cal,
+            n_eval=n_eval,
+            exclude_first_positions=1,
+            checkpoint_dir=str(workdir / "partial"),  # a stopped run resumes after its last saved window
+        )
         return certify_sources(model, BROAD_FAMILIES[family], "broad", cfg)
 
     return run

@@ -3,7 +3,9 @@ dictionaries, resumable experiment by experiment, and set each figure beside the
 
 Each experiment's result is saved under ``<out>/experiments/<name>`` as soon as it finishes; a rerun with the same
 size loads it instead of measuring again (delete the folder to re-measure); the Table-1 experiments also keep each
-layer's scores as they finish (``Table1Config.checkpoint_dir``), so a stopped one resumes layer by layer. The documented value of a row and its
+layer's scores as they finish (``Table1Config.checkpoint_dir``), so a stopped one resumes layer by layer, and the
+hour-long 'broad' certifications their evaluation pass's progress (``ProtocolCertifyConfig.checkpoint_dir``). The
+documented value of a row and its
 interval (the recorded run's bootstrap CI, or ± the row's tolerance) come from ``documented.json`` beside this
 module, written from a measured run with ``record=True``. The documented figures are of the shipped release, so every
 experiment loads the shipped files (:func:`~tl_query_lens.releases.shipped_only`), even where the user cache holds a
