@@ -212,15 +212,17 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
 
     def same(res):
         assert res.dictionaries == reference.dictionaries and res.methods == reference.methods
-        for name in ("features", "input_scores", "output_scores", "signature_ids", "alphas", "steered_top"):
+        names = ("features", "layers", "input_scores", "output_scores", "signature_ids", "alphas", "search_kl")
+        for name in (*names, "achieved_kl", "steered_top"):
             assert torch.equal(getattr(res, name), getattr(reference, name)), name
 
     with pytest.raises(KeyboardInterrupt):
         run(fail_at=2)  # stopped while evaluating the second dictionary
     saved = sorted(p.name for p in tmp_path.iterdir())
     assert len(saved) == 1 and saved[0].startswith("ffkv_L1"), saved  # no half-written folder of the second
-    same(run())
-    assert len(calls) == 1  # only the second dictionary was evaluated
+    resumed = run()
+    same(resumed)
+    assert len(calls) == 1 and resumed.config["resumed_dictionaries"] == ["ffkv L1"]  # only the second evaluated
     same(run())
     assert len(calls) == 0  # everything loaded
     (next(p for p in tmp_path.iterdir() if "sae" in p.name) / "tensors.safetensors").unlink()
@@ -229,6 +231,12 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
     changed = run(n_steps=3)
     assert len(calls) == 2 and len(list(tmp_path.iterdir())) == 4  # another option: new parts beside the old
     assert torch.equal(changed.features, reference.features)
+    dictionaries["sae L1 topk"].cfg.k = 6  # the SAE's config changed (same weights): its part is evaluated again
+    run()
+    assert len(calls) == 1
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="checkpoint_dir"):
+        evaluate_table1(model, dictionaries, tokens[:2], tokens, checkpoint_dir=str(tmp_path / "file"), **kwargs)
 
 
 def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):

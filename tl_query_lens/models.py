@@ -11,6 +11,7 @@ import os
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 from sae_lens import HookedSAETransformer
@@ -256,3 +257,19 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     fingerprint = digest.hexdigest()[:16]
     _FINGERPRINTS[model] = (state, fingerprint)
     return fingerprint
+
+
+_METADATA_KEPT = ("hook_name", "hook_head_index")  # the rest of an SAE's metadata (timings, provenance) is not a value
+
+
+def dictionary_fingerprint(dictionary: Any) -> str:
+    """A short hash of what a dictionary computes: its weights (:func:`weights_fingerprint`), class and config (an
+    SAELens ``cfg.to_dict()``: k, thresholds, activation, normalisation, with only the hook entries of the metadata
+    kept). Resumable runs name their saved parts by it."""
+    cfg: Any = getattr(dictionary, "cfg", None)
+    record: Any = cfg.to_dict() if hasattr(cfg, "to_dict") else repr(cfg)
+    if isinstance(record, dict) and isinstance(record.get("metadata"), dict):
+        record = {**record, "metadata": {k: record["metadata"].get(k) for k in _METADATA_KEPT}}
+    weights = weights_fingerprint(dictionary) if isinstance(dictionary, torch.nn.Module) else repr(dictionary)
+    text = json.dumps([type(dictionary).__name__, record, weights], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

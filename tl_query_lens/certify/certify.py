@@ -37,8 +37,9 @@ from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import check_disjoint, corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
-from tl_query_lens.models import weights_fingerprint
+from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.paths import check_folder
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.results import SavableResult
@@ -173,7 +174,8 @@ class CertifyConfig:
             an attention sink).
         checkpoint_dir: folder where the evaluation pass saves its per-window losses as it goes (about once a
             minute), in a file keyed by the model's and dictionaries' weights, the pools, the windows and the loss
-            options; a rerun that matches resumes after the last saved window. None: nothing is saved.
+            options; a rerun that matches resumes after the last saved window (with any batch_size). None: nothing
+            is saved (``tlql certify``: ``<out>/partial``).
     """
 
     k: int = 64
@@ -235,6 +237,8 @@ def check_inputs(
             f"log2|V| = {baseline:.2f}. The minimum is N = {n_min} (delta={cfg.delta}, alpha={cfg.alpha}); "
             "real proxies need far more."
         )
+    if cfg.checkpoint_dir is not None:
+        check_folder(cfg.checkpoint_dir, "checkpoint_dir")
 
 
 def build_certificate(
@@ -355,7 +359,7 @@ def certify_many(
     times.pool += time.perf_counter() - t0
     checkpoint = None
     if cfg.checkpoint_dir is not None:
-        key = _pass_key(model, splices, pools, evaluation_tokens, cfg)
+        key = _pass_key(model, splices, pools, evaluation_tokens, cfg)  # folder checked in check_inputs
         checkpoint = Path(cfg.checkpoint_dir) / f"proxy-pass-{key}.safetensors"
     loss_clean, losses = proxy_pass(
         model,
@@ -391,6 +395,7 @@ def certify_many(
             "seq_len": int(evaluation_tokens.shape[1]),
             "exclude_first_positions": first,
             "predictions_per_window": scored,
+            **({"resumed_windows": times.resumed_windows} if checkpoint is not None else {}),
         }
         out[name] = build_certificate(
             loss_clean, losses[name], pools[name], d_vocab=model.cfg.d_vocab, cfg=cfg, config=config
@@ -422,14 +427,11 @@ def _pass_key(
     """Hash of everything the evaluation pass's per-window losses depend on (names the checkpoint file)."""
     proxies = []
     for name, splice in splices.items():
-        sae_cfg = splice.sae.cfg.to_dict() if hasattr(splice.sae.cfg, "to_dict") else str(splice.sae.cfg)
         perm = splice.permutation
         proxies.append(
             [
                 str(name),
-                type(splice.sae).__name__,
-                sae_cfg,
-                weights_fingerprint(splice.sae),
+                dictionary_fingerprint(splice.sae),
                 splice.rule,
                 splice.k,
                 None if perm is None else corpus_fingerprint(perm.reshape(1, -1)),
@@ -439,7 +441,7 @@ def _pass_key(
     record = {
         "model": [str(model.cfg.model_name), weights_fingerprint(model)],
         "tokens": corpus_fingerprint(tokens),
-        "options": [cfg.alpha, cfg.batch_size, cfg.exclude_first_positions],
+        "options": [cfg.alpha, cfg.exclude_first_positions],  # not batch_size: a rerun may lower it (memory)
         "proxies": proxies,
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -169,6 +169,7 @@ class PassTimes:
     proxy: float = 0.0
     restricted: float = 0.0
     pool: float = 0.0
+    resumed_windows: int = 0  # evaluation windows loaded from a checkpoint (their time is not counted)
 
 
 @torch.no_grad()
@@ -225,7 +226,7 @@ def proxy_pass(
     starts = {s.start_layer for s in splices.values()}
     clean_losses: list[torch.Tensor] = []
     parts: dict[Hashable, dict[str, list[torch.Tensor]]] = {n: {f: [] for f in _LOSS_FIELDS} for n in splices}
-    done = _resume(checkpoint, clean_losses, parts)
+    done = times.resumed_windows = _resume(checkpoint, clean_losses, parts)
     saved_at = time.monotonic()
     for start in tqdm(range(done, tokens.shape[0], batch_size), desc="proxy pass", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
@@ -280,12 +281,16 @@ CHECKPOINT_SECONDS = 60.0  # how often a checkpointed proxy pass saves its progr
 
 
 def _save_progress(path: Path, clean: list[torch.Tensor], parts: dict[Hashable, dict[str, list[torch.Tensor]]]) -> None:
-    """Per-window losses so far, the proxies in ``parts``' order (atomic write)."""
+    """Per-window losses so far, the proxies in ``parts``' order (atomic write). A failed write (disk full) only
+    warns: the pass goes on with its losses in memory."""
     tensors = {"loss_clean": torch.cat(clean)} if clean else {}
     for i, fields in enumerate(parts.values()):
         tensors.update({f"{i}.{f}": torch.cat(v) for f, v in fields.items() if v})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_tensors(path, tensors, {"windows": int(tensors["loss_clean"].shape[0]) if clean else 0})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_tensors(path, tensors, {"windows": int(tensors["loss_clean"].shape[0]) if clean else 0})
+    except OSError as err:
+        logger.warning("could not save the proxy pass's progress to %s (%s); it goes on without", path, err)
 
 
 def _resume(path: Path | None, clean: list[torch.Tensor], parts: dict[Hashable, dict[str, list[torch.Tensor]]]) -> int:

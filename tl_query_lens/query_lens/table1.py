@@ -27,11 +27,10 @@ from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import CorruptFileError, InputError
-from tl_query_lens.models import weights_fingerprint
+from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators import EngineConfig
 from tl_query_lens.operators.config import fold_flat_engine_options
-from tl_query_lens.operators.engine import basis_fingerprint
-from tl_query_lens.paths import result_name
+from tl_query_lens.paths import check_folder, result_name
 from tl_query_lens.query_lens.evaluation import (
     EvaluationConfig,
     SignatureEvaluation,
@@ -72,7 +71,7 @@ class Table1Config(EvaluationConfig):
         checkpoint_dir: folder where each dictionary's evaluation is saved as soon as it is done; a rerun that
             matches it (model, dictionary, corpora, prompts, features and every other option) loads it instead of
             evaluating that dictionary again, so a long run that is stopped resumes dictionary by dictionary.
-            None: nothing is saved.
+            None: nothing is saved (``tlql ql-evaluate``: ``<out>/parts``).
     """
 
     k: int = 25
@@ -150,6 +149,8 @@ def evaluate_table1(
         ``config["seconds"]`` the timing.
     """
     cfg = resolve_config(Table1Config, cfg, overrides)
+    if cfg.checkpoint_dir is not None:
+        check_folder(cfg.checkpoint_dir, "checkpoint_dir")  # before any pass, so nothing computed is lost to it
     start = time.perf_counter()
     up_views = {}
     if cfg.up_key:
@@ -182,7 +183,7 @@ def evaluate_table1(
     )
     seconds["operators_s"] = time.perf_counter() - start - seconds["contexts_s"]
     evaluation = cfg.evaluation()
-    parts = []
+    parts, resumed = [], []
     for label, dictionary in dictionaries.items():
         features = chosen[label]
         signatures = lens.signature_set(dictionary, features, k=cfg.k, methods=cfg.methods)
@@ -194,11 +195,13 @@ def evaluate_table1(
         saved = None
         if cfg.checkpoint_dir is not None:
             key = _part_fingerprint(
-                model, dictionary, label, features, operator_tokens, evaluation_tokens, tokenizer, prompt_tokens, cfg
+                model, dictionary, label, features, methods, evaluation_tokens, tokenizer, prompt_tokens, cfg
             )
             saved = Path(cfg.checkpoint_dir) / f"{result_name(label)}-{key}"
         part = _load_part(saved)
-        if part is None:
+        if part is not None:
+            resumed.append(str(label))
+        else:
             part = evaluate_signatures(
                 model,
                 dictionary,
@@ -222,6 +225,7 @@ def evaluate_table1(
         **dataclasses.asdict(cfg),
         "feature_selection_by_dictionary": selection,
         "seconds": seconds,
+        "resumed_dictionaries": resumed,  # loaded from checkpoint_dir: their time is not in ``seconds``
     }
     return result
 
@@ -231,27 +235,26 @@ def _part_fingerprint(
     dictionary: Any,
     label: Any,
     features: torch.Tensor,
-    operator_tokens: torch.Tensor,
+    signatures: Mapping[str, torch.Tensor],
     evaluation_tokens: torch.Tensor,
     tokenizer: Any,
     prompt_tokens: Sequence[torch.Tensor] | None,
     cfg: Table1Config,
 ) -> str:
-    """Hash of everything one dictionary's evaluation depends on; where files are kept (checkpoint and operator
-    cache folders) does not enter."""
+    """Hash of everything one dictionary's evaluation depends on: the model and the dictionary (weights and config),
+    the features, their signatures by every method (so the operators enter through what they produced, and the
+    engine's options, which change only speed and memory, do not), the evaluation corpus, prompts and the protocol's
+    options. Where files are kept does not enter."""
     options = dataclasses.asdict(cfg)
-    options.pop("checkpoint_dir")
-    options["engine"].pop("cache_dir", None)
-    view = as_key_value(dictionary, model)
-    tensors = {"keys": view.keys, "values": view.values, "b_enc": view.b_enc, "b_dec": view.b_dec}
+    for name in ("checkpoint_dir", "engine"):
+        options.pop(name)
     record = {
         "label": str(label),
         "features": features.tolist(),
+        "signatures": {name: corpus_fingerprint(ids) for name, ids in signatures.items()},
         "options": options,
         "model": [str(model.cfg.model_name), weights_fingerprint(model)],
-        "dictionary": [view.activation, view.read_hook, view.write_hook]
-        + [basis_fingerprint(t) if isinstance(t, torch.Tensor) else None for t in tensors.values()],
-        "operator_tokens": corpus_fingerprint(operator_tokens),
+        "dictionary": dictionary_fingerprint(dictionary),
         "evaluation_tokens": corpus_fingerprint(evaluation_tokens),
         "tokenizer": None if tokenizer is None else type(tokenizer).__name__,
         "prompt_tokens": None
@@ -275,12 +278,16 @@ def _load_part(folder: Path | None) -> SignatureEvaluation | None:
 
 
 def _save_part(part: SignatureEvaluation, folder: Path) -> None:
-    """Save atomically: into a sibling folder, then renamed, so a stop midway leaves no half-written part."""
+    """Save atomically: into a sibling folder, then renamed, so a stop midway leaves no half-written part. A failed
+    write (disk full) only warns: the part stays in the result being computed."""
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    part.save(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.replace(folder)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        part.save(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.replace(folder)
+    except OSError as err:
+        logger.warning("could not save %s (%s); the run goes on, but a rerun will evaluate it again", folder, err)
 
 
 def select_features(
