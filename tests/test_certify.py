@@ -414,6 +414,8 @@ def test_checkpoint_dir_resumes_the_proxy_pass_where_it_stopped(tmp_path, monkey
     same(resumed)
     assert len(calls) == 7 and resumed.config["resumed_windows"] == 8  # batches 3..9 only (the last of 2 windows)
     assert run().config["resumed_windows"] == 34 and len(calls) == 0  # the whole pass was loaded
+    model, sae = tiny_model("gelu_ln"), _sae("topk", model, "blocks.1.hook_resid_post")  # rebuilt: same key
+    assert run().config["resumed_windows"] == 34 and len(calls) == 0
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "b", stop_at=3)
     same(run(tmp_path / "b", batch_size=3), exact=False)  # resumed after window 8 with batches of 3: 9 passes

@@ -225,6 +225,11 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
     assert len(calls) == 1 and resumed.config["resumed_dictionaries"] == ["ffkv L1"]  # only the second evaluated
     same(run())
     assert len(calls) == 0  # everything loaded
+    # a new process rebuilds the model and dictionaries: new objects with the same weights find the same parts
+    model = tiny_model("gelu_ln")
+    dictionaries = {"ffkv L1": FFKV.from_model(model, LAYER, "vanilla"), "sae L1 topk": topk_sae(model)}
+    same(run())
+    assert len(calls) == 0
     (next(p for p in tmp_path.iterdir() if "sae" in p.name) / "tensors.safetensors").unlink()
     same(run())
     assert len(calls) == 1  # the unreadable part was evaluated again
