@@ -4,7 +4,9 @@ A run is a list of named cells. Each cell runs in its own Python process (``<scr
 so its peak memory is its own (``ru_maxrss`` of that process) and a crash or a kill loses only that cell. A cell is
 done when ``<out>/cells/<NAME>/cell.json`` exists: it is written atomically at the end, with the cell's settings,
 result, the exact command, wall time, peak RSS, thread count and the machine's load average at start and end.
-Running the script again skips the done cells, so an interrupted run resumes where it stopped.
+Running the script again skips the done cells, so an interrupted run resumes where it stopped. A report can merge
+the records of cells measured elsewhere (``load_cells(records=...)``: the JSON a report wrote, kept in docs/), so
+re-measuring one cell on a new machine does not mean re-measuring all of them.
 """
 
 from __future__ import annotations
@@ -103,9 +105,32 @@ def run_cells(
     return failed
 
 
-def load_cells(out: str | Path, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-    """The records of the done cells (all, or those of ``names`` in that order)."""
+def read_records(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The records of a JSON file an earlier report wrote (``{name: record}``), each with ``"records_file"`` set."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"--records {path}: no such file (give the JSON an earlier --report wrote)")
+    return {n: {"records_file": str(path), **r} for n, r in json.loads(path.read_text("utf-8")).items()}
+
+
+def load_cells(
+    out: str | Path, names: Sequence[str] | None = None, records: str | Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """The records of the done cells (all, or those of ``names`` in that order).
+
+    ``records``: a JSON file of earlier records (``{name: record}``, as a report writes them, e.g. one kept in docs/)
+    read for the cells not done under ``out``, so a report can be rebuilt on a machine where only some cells were
+    (re)measured. Those records get ``"records_file"`` set; their cell folders (saved results) are not here.
+    """
     root = Path(out) / "cells"
+    earlier = read_records(records) if records is not None else {}
     if names is None:
-        names = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file()) if root.is_dir() else []
-    return {n: json.loads((root / n / CELL_FILE).read_text(encoding="utf-8")) for n in names if is_done(out, n)}
+        here = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file()) if root.is_dir() else []
+        names = here + sorted(set(earlier) - set(here))
+    cells = {}
+    for n in names:
+        if is_done(out, n):
+            cells[n] = json.loads((root / n / CELL_FILE).read_text(encoding="utf-8"))
+        elif n in earlier:
+            cells[n] = earlier[n]
+    return cells

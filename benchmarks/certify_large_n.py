@@ -21,6 +21,8 @@ log₂|V| and the closed-form N*.
     nice -n 19 python benchmarks/certify_large_n.py --out results/certify_large_n                     # every cell
     python benchmarks/certify_large_n.py --out results/certify_large_n --cells saes-N5000-cal512       # one cell
     python benchmarks/certify_large_n.py --out results/certify_large_n --report                       # table only
+    python benchmarks/certify_large_n.py --out results/certify_large_n --report \
+        --records docs/reproduction/certify_large_n.json                                      # with earlier cells
 """
 
 from __future__ import annotations
@@ -163,9 +165,12 @@ def report_table(cells: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def with_prefixes(out: Path, cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def with_prefixes(
+    out: Path, cells: dict[str, dict[str, Any]], earlier: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """``cells`` and, after each done cell, its rows at every N of :data:`PREFIXES` below its own N, read from its
-    first windows without the model (``<cell>@N1000``; no wall time of their own)."""
+    first windows without the model (``<cell>@N1000``; no wall time of their own). A cell without its saved
+    certification here (read from a records file) takes those rows from ``earlier`` (the same file's records)."""
     from tl_query_lens.certify.protocol import ProtocolCertification
 
     merged: dict[str, dict[str, Any]] = {}
@@ -173,7 +178,10 @@ def with_prefixes(out: Path, cells: dict[str, dict[str, Any]]) -> dict[str, dict
         merged[name] = cell
         folder = _cells.cell_dir(out, name) / "certification"
         n_cell = min(r["N"] for r in cell["result"]["rows"])
-        if not any(n < n_cell for n in PREFIXES) or not folder.is_dir():
+        if not folder.is_dir():
+            merged |= {f"{name}@N{n}": earlier[f"{name}@N{n}"] for n in PREFIXES if f"{name}@N{n}" in (earlier or {})}
+            continue
+        if not any(n < n_cell for n in PREFIXES):
             continue
         whole = ProtocolCertification.load(folder)
         for n in (n for n in PREFIXES if n < n_cell):
@@ -183,13 +191,21 @@ def with_prefixes(out: Path, cells: dict[str, dict[str, Any]]) -> dict[str, dict
     return merged
 
 
-def report(out: Path) -> str:
-    cells = _cells.load_cells(out, list(CELLS))
+def report(out: Path, records: Path | None = None) -> str:
+    """The table of the done cells (and their rows at smaller N), merged with ``records`` (the
+    ``certify_large_n.json`` of an earlier report) for cells not done under ``out``; both files go to ``out``."""
+    cells = _cells.load_cells(out, list(CELLS), records)
     if not cells:
         return "no cell done yet"
-    text = report_table(with_prefixes(out, cells))
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = _cells.read_records(records) if records is not None else {}
+    table = with_prefixes(out, cells, earlier)
+    text = report_table(table)
+    merged = [n for n, c in cells.items() if "records_file" in c]
+    if merged:
+        text += f"\n\nRead from {records} (measured earlier, not under {out}): {', '.join(merged)}"
     (out / "certify_large_n.md").write_text(text + "\n")
-    (out / "certify_large_n.json").write_text(json.dumps(cells, indent=1, default=str))
+    (out / "certify_large_n.json").write_text(json.dumps(table, indent=1, default=str))
     return text
 
 
@@ -203,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--report", action="store_true", help="only write the table of the done cells")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        help="the certify_large_n.json of an earlier report: its cells are reported beside those done under --out, "
+        "which take precedence",
+    )
     parser.add_argument("--run-cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -219,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [cell_settings(n, base) for n in names]
         check_settings(settings)
         failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
-    print(report(out))
+    print(report(out, args.records))
     return 1 if failed else 0
 
 

@@ -21,6 +21,8 @@ corpus under ``<out>/operators`` after every minibatch, so a stopped cell resume
     nice -n 19 python benchmarks/table1_sweep.py --out results/table1_sweep              # every cell, resumable
     python benchmarks/table1_sweep.py --out results/table1_sweep --cells base,ops-512     # some cells
     python benchmarks/table1_sweep.py --out results/table1_sweep --report                 # the table and plots only
+    python benchmarks/table1_sweep.py --out results/table1_sweep --report \
+        --records docs/reproduction/table1_sweep.json                                     # with cells measured earlier
 
 The SAE features come from the suite release ``tlql-saes-smollm2-135m`` (``--dictionary`` takes any spec of
 ``tlql ql-evaluate --dictionary``, e.g. ``ffkv``).
@@ -309,10 +311,15 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
     from tl_query_lens.primitives import row_jaccard
     from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 
-    if "base" not in cells:
+    def saved(name: str) -> bool:  # cells read from a records file have no saved evaluation here
+        return (_cells.cell_dir(out, name) / "evaluation").is_dir()
+
+    if "base" not in cells or not saved("base"):
         return ""
     same = [
-        n for n, c in cells.items() if n != "base" and c["result"]["features"] == cells["base"]["result"]["features"]
+        n
+        for n, c in cells.items()
+        if n != "base" and saved(n) and c["result"]["features"] == cells["base"]["result"]["features"]
     ]
     if not same:
         return ""
@@ -334,11 +341,17 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
     return "\n".join([head, "|" + "---|" * (len(ref.methods) + 1), *lines])
 
 
-def report(out: Path) -> str:
-    cells = _cells.load_cells(out, list(CELLS))
+def report(out: Path, records: Path | None = None) -> str:
+    """The table, the signature overlap and the plots of the done cells, merged with ``records`` (the
+    ``table1_sweep.json`` of an earlier report) for cells not done under ``out``; all go to ``out``."""
+    cells = _cells.load_cells(out, list(CELLS), records)
     if not cells:
         return "no cell done yet"
+    out.mkdir(parents=True, exist_ok=True)
     text = report_table(cells)
+    merged = [n for n, c in cells.items() if "records_file" in c]
+    if merged:
+        text += f"\n\nRead from {records} (measured earlier, not under {out}): {', '.join(merged)}"
     overlap = signature_overlap(out, cells)
     if overlap:
         text += (
@@ -364,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--report", action="store_true", help="only write the table and plots of the done cells")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        help="the table1_sweep.json of an earlier report (docs/reproduction/table1_sweep.json): its cells are reported "
+        "beside those done under --out, which take precedence",
+    )
     parser.add_argument(
         "--autocast",
         action="store_true",
@@ -394,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [cell_settings(n, base) for n in names]
         check_settings(settings)
         failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
-    print(report(out))
+    print(report(out, args.records))
     return 1 if failed else 0
 
 

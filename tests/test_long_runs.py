@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,6 +135,18 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
         assert row[m] == f"{sum(sims) / len(sims):.2f} ({changed})", method
     ll_key = saved.methods.index("LL_KEY")  # the logit lens does not read the operators: a control
     assert row[ll_key] == "1.00 (0)"
+    # A report on another machine: only ops-512 re-measured there, base read from the first report's records.
+    other_out = tmp_path / "elsewhere"
+    shutil.copytree(out / "cells" / "ops-512", other_out / "cells" / "ops-512")
+    records = tmp_path / "table1_sweep.json"
+    shutil.copy(out / "table1_sweep.json", records)
+    again = sweep.report(other_out, records)
+    assert again.splitlines()[:4] == text.splitlines()[:4]  # the same rows, base's from the records
+    assert f"Read from {records}" in again and again.rstrip().endswith(": base")
+    assert "Signatures against base's" not in again  # base's saved evaluation is not on that machine
+    assert json.loads((other_out / "table1_sweep.json").read_text())["base"]["records_file"] == str(records)
+    with pytest.raises(SystemExit, match="no such file"):
+        sweep.report(other_out, tmp_path / "missing.json")
 
 
 def test_sweep_prompts_and_the_broad_check(tmp_path, monkeypatch):
@@ -187,6 +200,11 @@ def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path, monkeypatch)
     assert lines[3].startswith("| ffkv-N5000-cal512@N10 | ffkv L1 | 10 | 6 |") and lines[3].endswith("| prefix |")
     first = saved.sweep.certificates["ffkv L1"]
     assert saved.at_n(10).rows[0]["R_hat_clean"] == pytest.approx(first.loss_clean[:10].double().mean().item())
+    # Rebuilt elsewhere from the records alone (no certification folder there): the same rows, the prefix row too.
+    records = tmp_path / "certify_large_n.json"
+    shutil.copy(out / "certify_large_n.json", records)
+    again = certify.report(tmp_path / "elsewhere", records).splitlines()
+    assert again[:4] == lines and again[-1].endswith(": ffkv-N5000-cal512")
 
 
 def test_readout_fit_spread_table_is_mean_and_range(tmp_path):
