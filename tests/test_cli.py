@@ -32,3 +32,20 @@ def test_ffkv_command(tmp_path):
         assert float(row["ev_vanilla"]) > 0.9999  # the dense dictionary is exact
         assert 0 < float(row["ev_topk"]) < 1 and float(row["mean_l0_topk"]) == 64
     assert list((out / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        (["certify"], {"--checkpoint-dir": "<--out>/partial"}),
+        (["ql-evaluate"], {"--cache-dir": "<--out>/operators", "--checkpoint-dir": "<--out>/parts"}),
+        (["ql-channels"], {"--cache-dir": "<--out>/operators"}),
+    ],
+)
+def test_help_shows_the_folders_the_command_really_uses(command, shown, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: compare with spaces collapsed
+    for flag, default in shown.items():
+        entry = text.split(f" {flag} TEXT ")[1].split(" --")[0]  # this option's help, up to the next option
+        assert entry.endswith(f"(default: {default})"), entry

@@ -24,7 +24,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from tl_query_lens.certify.protocol import ProtocolCertifyConfig
 
     taken = add_options(parser, RunConfig, skip=("n_seqs", "seq_len", "features"), defaults=RUN)
-    add_options(parser, ProtocolCertifyConfig, taken=taken, defaults={"protocol": "fixed-pool"})
+    add_options(
+        parser,
+        ProtocolCertifyConfig,
+        taken=taken,
+        defaults={"protocol": "fixed-pool"},
+        shown={"checkpoint_dir": "<--out>/partial"},
+    )
     parser.set_defaults(func=run)
 
 

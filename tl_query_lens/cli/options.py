@@ -85,17 +85,25 @@ def add_options(
     defaults: dict[str, Any] | None = None,
     aliases: dict[str, str] | None = None,
     taken: set[str] | None = None,
+    shown: dict[str, str] | None = None,
 ) -> set[str]:
     """Add an option per field of ``cls`` that is not in ``skip`` nor ``taken`` (added for another config: the
-    option then feeds both); ``defaults`` replace the CLI's defaults, ``aliases`` add a second spelling. Returns
-    ``taken`` plus the fields added."""
+    option then feeds both); ``defaults`` replace the CLI's defaults, ``aliases`` add a second spelling, ``shown``
+    is the help's text for a default the command works out after parsing (``"<--out>/parts"`` for ``None``).
+    Returns ``taken`` plus the fields added."""
     hints, helps = typing.get_type_hints(cls), field_help(cls)
-    defaults, aliases, taken = defaults or {}, aliases or {}, set(taken or ())
+    defaults, aliases, taken, shown = defaults or {}, aliases or {}, set(taken or ()), shown or {}
     for f in dataclasses.fields(cls):
         kind = _unwrap(hints[f.name])[0]
         if dataclasses.is_dataclass(kind) and f.default_factory is not dataclasses.MISSING and f.name not in skip:
             taken = add_options(
-                parser, typing.cast(type, kind), skip=skip, defaults=defaults, aliases=aliases, taken=taken
+                parser,
+                typing.cast(type, kind),
+                skip=skip,
+                defaults=defaults,
+                aliases=aliases,
+                taken=taken,
+                shown=shown,
             )
             continue  # a nested config (e.g. the engine's): its fields are options of their own
         unsupported = dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind))
@@ -112,7 +120,11 @@ def add_options(
             flag, action = (option("no_" + f.name), "store_false") if default else (flags[0], "store_true")
             parser.add_argument(flag, dest=f.name, action=action, help=text + " (on unless given)" * bool(default))
             continue
-        spec: dict[str, Any] = {"dest": f.name, "default": default, "help": f"{text} (default: {_shown(default)})"}
+        spec: dict[str, Any] = {
+            "dest": f.name,
+            "default": default,
+            "help": f"{text} (default: {shown.get(f.name) or _shown(default)})",
+        }
         items = _items(kind)
         if items is not None:
             either = _flag_or_list(kind)

@@ -21,7 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from tl_query_lens.query_lens.channels import SubspaceChannelsConfig
 
     taken = add_options(parser, RunConfig, skip=("features", "dictionary"), defaults=RUN, aliases=ALIASES)
-    add_options(parser, SubspaceChannelsConfig, taken=taken)  # its seed (the fits') keeps its default
+    # its seed (the fits') keeps its default
+    add_options(parser, SubspaceChannelsConfig, taken=taken, shown={"cache_dir": "<--out>/operators"})
     parser.set_defaults(func=run)
 
 

@@ -44,7 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from tl_query_lens.query_lens.table1 import Table1Config
 
     taken = add_options(parser, Table1Options, taken=add_options(parser, RunConfig, defaults=RUN))
-    add_options(parser, Table1Config, taken=taken, skip=("prompts",))
+    shown = {"cache_dir": "<--out>/operators", "checkpoint_dir": "<--out>/parts"}
+    add_options(parser, Table1Config, taken=taken, skip=("prompts",), shown=shown)
     parser.set_defaults(func=run)
 
 

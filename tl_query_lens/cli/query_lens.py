@@ -46,7 +46,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from tl_query_lens.query_lens.table1 import Table1Config
 
     taken = add_options(parser, RunConfig, skip=("dictionary",), defaults=RUN)
-    add_options(parser, Table1Config, taken=add_options(parser, QueryLensOptions, taken=taken), skip=("prompts",))
+    shown = {  # --evaluate runs ql-evaluate's Table 1, which keeps both under --out
+        "cache_dir": "none: operators are not cached; with --evaluate <--out>/operators",
+        "checkpoint_dir": "with --evaluate <--out>/parts",
+    }
+    taken = add_options(parser, QueryLensOptions, taken=taken)
+    add_options(parser, Table1Config, taken=taken, skip=("prompts",), shown=shown)
     parser.set_defaults(func=run)
 
 
