@@ -44,26 +44,46 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+def _launcher(nproc: int) -> list[str]:
+    """How a cell's process starts: python, or torchrun with ``nproc`` ranks on this machine."""
+    if nproc == 1:
+        return [sys.executable]
+    return [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc_per_node={nproc}"]
+
+
 def record_cell(
     out: str | Path, name: str, settings: dict[str, Any], compute: Callable[[Path], dict[str, Any]]
 ) -> dict[str, Any]:
-    """Run ``compute(folder)`` for one cell in this process and write its record (see the module docstring)."""
+    """Run ``compute(folder)`` for one cell in this process and write its record (see the module docstring).
+
+    Under torchrun (the process group initialised) every rank computes and rank 0 writes the record, with the peak
+    RSS of each rank (``peak_rss_mb`` is their maximum) and the CPU time of all."""
     import torch
+    import torch.distributed as dist
 
     folder = cell_dir(out, name)
     folder.mkdir(parents=True, exist_ok=True)
     started, load_start, start = _now(), os.getloadavg(), time.perf_counter()
     result = compute(folder)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    ranks = [(usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)]  # Linux: KiB
+    if dist.is_available() and dist.is_initialized():
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, (usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime))
+        if dist.get_rank() != 0:
+            return {}
     record = {
         "name": name,
         "settings": settings,
         "result": result,
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": shlex.join([*_launcher(len(ranks)), *sys.argv]),
         "started_utc": started,
         "finished_utc": _now(),
         "wall_s": time.perf_counter() - start,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
-        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+        "peak_rss_mb": max(rss for rss, _ in ranks),
+        "cpu_s": sum(cpu for _, cpu in ranks),
+        "ranks": len(ranks),
+        "peak_rss_mb_by_rank": [rss for rss, _ in ranks],
         "torch_threads": torch.get_num_threads(),
         "nice": os.nice(0),
         "loadavg_start": load_start,
@@ -82,9 +102,11 @@ def run_cells(
     *,
     env: Callable[[str], dict[str, str]] | None = None,
     log: Callable[[str], None] = print,
+    nproc: int = 1,
 ) -> list[str]:
     """Run each cell not yet done, one at a time, each as ``python script --run-cell NAME *argv``; returns the names
-    of the cells that failed (the others are done). ``env(name)``: extra environment of a cell's process."""
+    of the cells that failed (the others are done). ``env(name)``: extra environment of a cell's process.
+    ``nproc`` > 1 launches each cell with ``torchrun --standalone --nproc_per_node nproc`` instead of python."""
     failed = []
     Path(out).mkdir(parents=True, exist_ok=True)
     _write_json(Path(out) / "run.json", {"command": shlex.join([sys.executable, *sys.argv]), "started_utc": _now()})
@@ -92,7 +114,7 @@ def run_cells(
         if is_done(out, name):
             log(f"{name}: done before, skipped")
             continue
-        command = [sys.executable, str(script), "--run-cell", name, *argv]
+        command = [*_launcher(nproc), str(script), "--run-cell", name, *argv]
         log(f"{name}: {shlex.join(command)}")
         child_env = {**os.environ, **(env(name) if env else {})}
         start = time.perf_counter()

@@ -35,6 +35,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 import sys
 from dataclasses import asdict, dataclass, field
@@ -159,6 +160,8 @@ def check_settings(settings: list[SweepSettings]) -> None:
 
 def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Path | None = None) -> dict[str, Any]:
     """One Table-1 evaluation with ``settings``; the evaluation goes to ``folder/evaluation``."""
+    import torch
+
     from tl_query_lens import load_corpus, load_model
     from tl_query_lens.operators import EngineConfig
     from tl_query_lens.query_lens.table1 import PAPER_GPT2, Table1Config, evaluate_table1
@@ -187,7 +190,8 @@ def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Pa
         **s.extra,
     )
     result = evaluate_table1(model, dictionaries, op, ev, cfg=cfg)
-    result.save(folder / "evaluation")
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        result.save(folder / "evaluation")  # under torchrun every rank holds the whole result
     rows = result.summary(seed=s.seed)
     return {
         "rows": rows,
@@ -389,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         help="bf16 autocast of the max-activating search, generation and steering passes (Table1Config.autocast); "
         "give it its own --out: its cells are not comparable with fp32 ones",
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="torchrun ranks per cell: each rank evaluates every nproc-th dictionary, the operator corpus is split "
+        "between them (default 1: one python process)",
+    )
     parser.add_argument("--run-cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -403,16 +414,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.run_cell:
         settings = cell_settings(args.run_cell, base)
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if distributed:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")
         _cells.record_cell(
             out, args.run_cell, asdict(settings), lambda f: compute_cell(settings, f, cache=out / "operators")
         )
+        if distributed:
+            dist.destroy_process_group()
         return 0
     names = [n.strip() for n in args.cells.split(",") if n.strip()]
     failed: list[str] = []
     if not args.report:
         settings = [cell_settings(n, base) for n in names]
         check_settings(settings)
-        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
+        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:], nproc=args.nproc)
     print(report(out, args.records))
     return 1 if failed else 0
 

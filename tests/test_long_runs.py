@@ -72,6 +72,42 @@ def test_cells_run_in_their_own_process_record_and_resume(tmp_path):
     assert json.loads((out / "run.json").read_text())["command"]
 
 
+RANK_SCRIPT = """
+import os, sys
+from pathlib import Path
+import torch.distributed as dist
+sys.path.insert(0, {bench!r})
+import _cells
+out, name = Path(sys.argv[-1]), sys.argv[sys.argv.index("--run-cell") + 1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+def compute(folder):
+    block = bytearray((64 + 64 * rank) * 2**20)  # rank 1 touches 128 MiB, rank 0 64 MiB
+    block[::4096] = b"x" * len(block[::4096])
+    (folder / f"rank{{rank}}").touch()
+    return {{"rank": rank}}
+_cells.record_cell(out, name, {{}}, compute)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
+def test_a_cell_under_torchrun_is_recorded_once_with_every_rank_memory(tmp_path, monkeypatch):
+    cells = load("_cells")
+    script = tmp_path / "rank_script.py"
+    script.write_text(RANK_SCRIPT.format(bench=str(BENCH)))
+    out = tmp_path / "out"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert cells.run_cells(script, out, ["c1"], [str(out)], nproc=2, log=lambda _: None) == []
+    record = cells.load_cells(out)["c1"]
+    assert record["result"] == {"rank": 0}  # rank 0 wrote it
+    assert sorted(p.name for p in (out / "cells" / "c1").iterdir()) == ["cell.json", "rank0", "rank1"]
+    assert record["ranks"] == 2 and record["command"].split()[0].endswith("torchrun")
+    low, high = record["peak_rss_mb_by_rank"]
+    assert high - low > 48 and record["peak_rss_mb"] == high  # each rank's own peak; the record keeps the largest
+
+
 @pytest.fixture()
 def word_model(monkeypatch):
     model = tiny_model("gelu_ln")

@@ -7,6 +7,11 @@ selection against a hand count of active sequences, and both commands end to end
 from __future__ import annotations
 
 import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,14 +186,13 @@ def test_table1_on_ffkv_and_a_topk_sae_side_by_side(tmp_path):
 
 
 @torch.no_grad()
-def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
-    """A run stopped after its first dictionary resumes from the saved part and ends equal to an uninterrupted run;
-    a changed option or an unreadable part is evaluated again."""
-    from tl_query_lens.query_lens import table1
-
+def table1_inputs(n_dictionaries: int = 2):
+    """A tiny model, FF-KV L1 and a TopK SAE on L1 (and FF-KV L0 with three), 24 × 8 tokens and small options."""
     model = tiny_model("gelu_ln")
     tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
     dictionaries = {"ffkv L1": FFKV.from_model(model, LAYER, "vanilla"), "sae L1 topk": topk_sae(model)}
+    if n_dictionaries == 3:
+        dictionaries["ffkv L0"] = FFKV.from_model(model, 0, "vanilla")
     kwargs = dict(
         tokenizer=ListTokenizer(model.cfg.d_vocab),
         prompt_tokens=[torch.tensor([1, 2, 3]), torch.tensor([4, 5])],
@@ -196,6 +200,22 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
         seed=4,
         **SMALL,
     )
+    return model, dictionaries, tokens, kwargs
+
+
+def same_evaluation(res: SignatureEvaluation, reference: SignatureEvaluation) -> None:
+    assert res.dictionaries == reference.dictionaries and res.methods == reference.methods
+    names = ("features", "layers", "input_scores", "output_scores", "signature_ids", "alphas", "search_kl")
+    for name in (*names, "achieved_kl", "steered_top"):
+        assert torch.equal(getattr(res, name), getattr(reference, name)), name
+
+
+def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
+    """A run stopped after its first dictionary resumes from the saved part and ends equal to an uninterrupted run;
+    a changed option or an unreadable part is evaluated again."""
+    from tl_query_lens.query_lens import table1
+
+    model, dictionaries, tokens, kwargs = table1_inputs()
     reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs)
     real, calls = table1.evaluate_signatures, []
 
@@ -211,10 +231,7 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
         return evaluate_table1(model, dictionaries, tokens[:2], tokens, checkpoint_dir=str(tmp_path), **kwargs | extra)
 
     def same(res):
-        assert res.dictionaries == reference.dictionaries and res.methods == reference.methods
-        names = ("features", "layers", "input_scores", "output_scores", "signature_ids", "alphas", "search_kl")
-        for name in (*names, "achieved_kl", "steered_top"):
-            assert torch.equal(getattr(res, name), getattr(reference, name)), name
+        same_evaluation(res, reference)
 
     with pytest.raises(KeyboardInterrupt):
         run(fail_at=2)  # stopped while evaluating the second dictionary
@@ -226,8 +243,7 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
     same(run())
     assert len(calls) == 0  # everything loaded
     # a new process rebuilds the model and dictionaries: new objects with the same weights find the same parts
-    model = tiny_model("gelu_ln")
-    dictionaries = {"ffkv L1": FFKV.from_model(model, LAYER, "vanilla"), "sae L1 topk": topk_sae(model)}
+    model, dictionaries, _, _ = table1_inputs()
     same(run())
     assert len(calls) == 0
     (next(p for p in tmp_path.iterdir() if "sae" in p.name) / "tensors.safetensors").unlink()
@@ -242,6 +258,33 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="checkpoint_dir"):
         evaluate_table1(model, dictionaries, tokens[:2], tokens, checkpoint_dir=str(tmp_path / "file"), **kwargs)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
+def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result(tmp_path):
+    """Rank 0 evaluates the first and third dictionary, rank 1 the second; both return the single-process result,
+    and a rerun on the shared checkpoint folder loads all three parts."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    script = str(Path(__file__).with_name("distributed_table1.py"))
+    subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", "29519", script, str(tmp_path)],
+        check=True,
+        env=env,
+        timeout=300,
+        capture_output=True,
+    )
+    model, dictionaries, tokens, kwargs = table1_inputs(3)
+    reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs)
+    assert reference.dictionaries[0] == "ffkv L1" and reference.dictionaries[-1] == "ffkv L0"
+    shares = {0: ["ffkv L1", "ffkv L0"], 1: ["sae L1 topk"]}
+    for rank, share in shares.items():
+        same_evaluation(SignatureEvaluation.load(tmp_path / f"rank{rank}"), reference)
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert record["evaluated"] == share  # no dictionary evaluated twice
+        assert sorted(record["resumed"]) == sorted(dictionaries)  # the rerun loaded every rank's parts
+    assert len(list((tmp_path / "parts").iterdir())) == 3
 
 
 def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):

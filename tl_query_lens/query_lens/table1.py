@@ -30,6 +30,7 @@ from tl_query_lens.errors import CorruptFileError, InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators import EngineConfig
 from tl_query_lens.operators.config import fold_flat_engine_options
+from tl_query_lens.operators.distributed import rank_and_world
 from tl_query_lens.paths import check_folder, result_name
 from tl_query_lens.query_lens.evaluation import (
     EvaluationConfig,
@@ -146,7 +147,11 @@ def evaluate_table1(
     Returns:
         One :class:`SignatureEvaluation` over all sampled features; ``dictionaries`` holds each feature's label,
         ``config["feature_selection_by_dictionary"]`` how each dictionary's features were chosen and
-        ``config["seconds"]`` the timing.
+        ``config["seconds"]`` the timing (of this rank).
+
+    Under ``torchrun`` (after ``torch.distributed.init_process_group``) each rank searches and evaluates every
+    world-size-th dictionary and the engine splits the operator corpus between ranks; every rank returns the whole
+    result, equal to one process's.
     """
     cfg = resolve_config(Table1Config, cfg, overrides)
     if cfg.checkpoint_dir is not None:
@@ -158,17 +163,22 @@ def evaluate_table1(
         up_views = {label: up_projection_key_view(as_key_value(d, model), model) for label, d in dictionaries.items()}
     # Max-activating contexts first: the "active" selection reads them, and a dictionary with too few active
     # features fails here, before any operator is computed.
+    # Under torch.distributed each rank takes dictionaries round-robin (searches and evaluations); the engine shards
+    # the operator corpus itself. The contexts are then shared, so every rank draws the same features.
+    rank, world = rank_and_world()
+    mine = [label for i, label in enumerate(dictionaries) if i % world == rank]
     with model_passes(model, cfg.autocast):
         contexts = {
             label: max_activating_contexts(
                 model,
-                d,
+                dictionaries[label],
                 evaluation_tokens,
                 n_contexts=cfg.n_contexts,
                 exclude_first_positions=cfg.exclude_first_positions,
             )
-            for label, d in dictionaries.items()
+            for label in mine
         }
+    contexts = _gathered(contexts, list(dictionaries), world)
     gen = torch.Generator().manual_seed(cfg.seed)
     chosen, selection = {}, {}
     for label, dictionary in dictionaries.items():
@@ -183,9 +193,9 @@ def evaluate_table1(
     )
     seconds["operators_s"] = time.perf_counter() - start - seconds["contexts_s"]
     evaluation = cfg.evaluation()
-    parts, resumed = [], []
-    for label, dictionary in dictionaries.items():
-        features = chosen[label]
+    parts, resumed = {}, []
+    for label in mine:
+        dictionary, features = dictionaries[label], chosen[label]
         signatures = lens.signature_set(dictionary, features, k=cfg.k, methods=cfg.methods)
         methods = {name: sig.top_ids for name, sig in signatures.items()}
         if label in up_views:
@@ -216,9 +226,11 @@ def evaluate_table1(
             part.dictionaries = [str(label)] * features.numel()
             if saved is not None:
                 _save_part(part, saved)
-        parts.append(part)
+        parts[label] = part
         logger.info("%s done after %.0f s", label, time.perf_counter() - start)
-    result = SignatureEvaluation.concat(parts)
+    if world > 1:
+        resumed = [label for labels in _all_ranks(resumed) for label in labels]
+    result = SignatureEvaluation.concat(list(_gathered(parts, list(dictionaries), world).values()))
     seconds["total_s"] = time.perf_counter() - start
     result.config = {
         **result.config,
@@ -228,6 +240,21 @@ def evaluate_table1(
         "resumed_dictionaries": resumed,  # loaded from checkpoint_dir: their time is not in ``seconds``
     }
     return result
+
+
+def _all_ranks(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (torch.distributed's object all-gather)."""
+    gathered: list[Any] = [None] * rank_and_world()[1]
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _gathered(mine: dict[Any, Any], order: list[Any], world: int) -> dict[Any, Any]:
+    """Every rank's ``{label: value}`` merged, in the dictionaries' order (``mine`` itself for one process)."""
+    if world == 1:
+        return mine
+    merged = {label: value for part in _all_ranks(mine) for label, value in part.items()}
+    return {label: merged[label] for label in order}
 
 
 def _part_fingerprint(
