@@ -394,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         "give it its own --out: its cells are not comparable with fp32 ones",
     )
     parser.add_argument(
-        "--nproc",
+        "--ranks",
         type=int,
         default=1,
-        help="torchrun ranks per cell: each rank evaluates every nproc-th dictionary, the operator corpus is split "
+        help="torchrun ranks per cell: each rank evaluates every ranks-th dictionary, the operator corpus is split "
         "between them (default 1: one python process)",
     )
     parser.add_argument("--run-cell", help=argparse.SUPPRESS)
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         settings = [cell_settings(n, base) for n in names]
         check_settings(settings)
-        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:], nproc=args.nproc)
+        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:], nproc=args.ranks)
     print(report(out, args.records))
     return 1 if failed else 0
 

@@ -99,7 +99,8 @@ def test_a_cell_under_torchrun_is_recorded_once_with_every_rank_memory(tmp_path,
     script.write_text(RANK_SCRIPT.format(bench=str(BENCH)))
     out = tmp_path / "out"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert cells.run_cells(script, out, ["c1"], [str(out)], nproc=2, log=lambda _: None) == []
+    # the script's own options reach it past torchrun's parser (table1_sweep.py forwards --ranks N)
+    assert cells.run_cells(script, out, ["c1"], ["--ranks", "2", str(out)], nproc=2, log=lambda _: None) == []
     record = cells.load_cells(out)["c1"]
     assert record["result"] == {"rank": 0}  # rank 0 wrote it
     assert sorted(p.name for p in (out / "cells" / "c1").iterdir()) == ["cell.json", "rank0", "rank1"]
