@@ -141,7 +141,12 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
         extra={"baselines": ()},
     )
     out = tmp_path / "sweep"
-    for name, settings in (("base", tiny), ("ops-512", sweep.dataclasses.replace(tiny, op_seqs=4))):
+    bf16 = sweep.dataclasses.replace(tiny, sweep_dtype="bfloat16", sweep_autocast=True)
+    for name, settings in (
+        ("base", tiny),
+        ("ops-512", sweep.dataclasses.replace(tiny, op_seqs=4)),
+        ("base-bf16", bf16),
+    ):
         cells.record_cell(out, name, {}, lambda f, s=settings: sweep.compute_cell(s, f, model=word_model))
     record = cells.load_cells(out)["base"]
     assert record["result"]["maxact_tokens"] == 24 * 8 and record["result"]["op_tokens"] == 2 * 8
@@ -172,14 +177,22 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
         assert row[m] == f"{sum(sims) / len(sims):.2f} ({changed})", method
     ll_key = saved.methods.index("LL_KEY")  # the logit lens does not read the operators: a control
     assert row[ll_key] == "1.00 (0)"
+    # bf16 operator sweeps: operators swept under autocast, and only the operator-reading methods can differ
+    from tl_query_lens.operators import OperatorSet
+
+    files = list((out / "cells" / "base-bf16" / "operators").rglob("*.safetensors"))
+    assert files and {OperatorSet.load(f).dtype for f in files} == {"bfloat16-autocast"}
+    bf16_row = next(line for line in table.splitlines() if line.startswith("| base-bf16 |")).strip("| ").split(" | ")
+    assert bf16_row[1 + ll_key] == "1.00 (0)"
+    assert (out / "plot_ops_bf16.svg").exists()
     # A report on another machine: only ops-512 re-measured there, base read from the first report's records.
     other_out = tmp_path / "elsewhere"
     shutil.copytree(out / "cells" / "ops-512", other_out / "cells" / "ops-512")
     records = tmp_path / "table1_sweep.json"
     shutil.copy(out / "table1_sweep.json", records)
     again = sweep.report(other_out, records)
-    assert again.splitlines()[:4] == text.splitlines()[:4]  # the same rows, base's from the records
-    assert f"Read from {records}" in again and again.rstrip().endswith(": base")
+    assert again.splitlines()[:5] == text.splitlines()[:5]  # the same rows, base's from the records
+    assert f"Read from {records}" in again and again.rstrip().endswith(": base, base-bf16")
     assert "Signatures against base's" not in again  # base's saved evaluation is not on that machine
     assert json.loads((other_out / "table1_sweep.json").read_text())["base"]["records_file"] == str(records)
     with pytest.raises(SystemExit, match="no such file"):
