@@ -1,5 +1,6 @@
 """Transition-operator engine: reverse = forward sweeps, finite differences, merge/cache/resume, bad input, torchrun."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -205,22 +206,25 @@ def test_non_finite_operators_raise():
         ops["other"]
 
 
-@pytest.mark.distributed
-@pytest.mark.skipif(
-    shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
-    reason="torchrun not installed",
-)
-def test_two_rank_torchrun_equals_one_rank(tmp_path):
+def two_ranks(out: Path, *mode: str, check: bool = True) -> int:
+    """Run tests/distributed_operators.py under torchrun with two ranks; its exit status."""
     script = Path(__file__).with_name("distributed_operators.py")
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [torchrun, "--nproc_per_node", "2", "--master_port", "29517", str(script), str(tmp_path)],
-        check=True,
-        env=env,
-        timeout=120,
-        capture_output=True,
-    )
+    command = [torchrun, "--nproc_per_node", "2", "--master_port", "29517", str(script), str(out), *mode]
+    return subprocess.run(command, check=check, env=env, timeout=120, capture_output=True).returncode
+
+
+needs_torchrun = pytest.mark.skipif(
+    shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+    reason="torchrun not installed",
+)
+
+
+@pytest.mark.distributed
+@needs_torchrun
+def test_two_rank_torchrun_equals_one_rank(tmp_path):
+    two_ranks(tmp_path)
     model = tiny_model("gated_rms")
     tokens = tiny_tokens(model, n_seqs=5)
     single = {
@@ -234,3 +238,24 @@ def test_two_rank_torchrun_equals_one_rank(tmp_path):
             assert shard.corpus_fingerprint == ops.corpus_fingerprint
             for name in ops:
                 assert rel_err(shard[name], ops[name]) < 1e-5, (kind, rank, name)
+
+
+@pytest.mark.distributed
+@needs_torchrun
+def test_two_ranks_stopped_midway_resume_each_from_its_own_progress(tmp_path):
+    """Both ranks are killed after their first minibatch; the rerun sweeps only what is left on each rank (rank 0:
+    2 of 3 sequences, rank 1: 1 of 2) and returns the single-process operators; the per-rank files are then gone."""
+    assert two_ranks(tmp_path, "stop", check=False) != 0
+    progress = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(progress) == 2 and {p.split(".")[1] for p in progress} == {"rank0of2", "rank1of2"}, progress
+    two_ranks(tmp_path, "resume")
+    assert [json.loads((tmp_path / f"swept-rank{r}.json").read_text()) for r in (0, 1)] == [2, 1]
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [progress[0].replace(".rank0of2", "")]
+    model = tiny_model("gated_rms")
+    tokens = tiny_tokens(model, n_seqs=5)
+    single = value_operators(model, tokens, VALUE_HOOKS, progress=False)
+    for rank in (0, 1):
+        resumed = OperatorSet.load(tmp_path / f"resumed-rank{rank}.safetensors")
+        assert resumed.count == single.count == tokens.numel()
+        for name in single:
+            assert rel_err(resumed[name], single[name]) < 1e-5, (rank, name)

@@ -3,7 +3,8 @@
 Launch any script that calls the engine with ``torchrun --nproc_per_node N script.py`` after
 ``torch.distributed.init_process_group("gloo")`` (CPU) or ``"nccl"`` (GPU); the engine notices the initialised group,
 takes ``torch.tensor_split(tokens, N)[rank]`` and all-reduces operator sums and token counts, so every rank returns
-the operators of the full corpus. Nothing changes for a single process.
+the operators of the full corpus. Nothing changes for a single process. With a cache folder, each rank keeps its
+progress in its own file (``<cache file>.rank{r}of{w}``), resumed by a rerun with the same number of ranks.
 """
 
 from __future__ import annotations

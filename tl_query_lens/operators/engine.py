@@ -280,13 +280,16 @@ def _compute(
         keyed = [*keyed, f"weights:{weights}"]  # same name, other weights: another file
         path = cache_path(cache_dir, kind, model_name, keyed, fingerprint, dtype, skip_positions)
     state = None
+    # a partial state belongs to its process: one process resumes from the cache file itself, rank r of w from a
+    # file of its own beside it (a rerun with the same ranks finds it)
+    partial = path if path is None or world == 1 else path.with_name(f"{path.stem}.rank{rank}of{world}{path.suffix}")
     if path is not None and path.exists():
-        state = OperatorSet.load(path)
-        if state.complete:
-            logger.info("Reusing cached %s from %s", state.describe(), path)
-            return state.to(model.cfg.device)  # type: ignore[arg-type]
-        if world > 1 or state.batch_size != batch_size:
-            state = None  # partial states are only resumed by a single process with the same minibatch split
+        cached = OperatorSet.load(path)
+        if cached.complete:
+            logger.info("Reusing cached %s from %s", cached.describe(), path)
+            return cached.to(model.cfg.device)  # type: ignore[arg-type]
+        if partial == path:
+            state = cached
     elif cache_dir is not None:  # these hooks may sit inside a larger sweep's file (same corpus, weights, method)
         want = {"corpus_fingerprint": fingerprint, "dtype": dtype, "skip_positions": skip_positions}
         extra = {"weights": weights, "directions": directions, "basis": basis}
@@ -294,6 +297,10 @@ def _compute(
         if found is not None:
             logger.info("Reusing %s from the larger cached set %s", found.describe(), found.extra["from"])
             return found.to(model.cfg.device)  # type: ignore[arg-type]
+    if partial is not None and partial != path and partial.exists():
+        state = OperatorSet.load(partial)
+    if state is not None and (state.complete or state.batch_size != batch_size):
+        state = None  # a partial state is only resumed with the same minibatch split
     if state is None:
         state = OperatorSet(
             kind=kind,  # type: ignore[arg-type]
@@ -339,8 +346,8 @@ def _compute(
                 )
         state.count += batch.shape[0] * (batch.shape[1] - skip_positions)  # |T| from shapes: no device sync
         state.batches_done = b + 1
-        if path is not None and world == 1 and b + 1 < len(batches):
-            state.save(path)  # partial: a rerun resumes after this minibatch
+        if partial is not None and b + 1 < len(batches):
+            state.save(partial)  # a rerun (with the same ranks) resumes after this minibatch
     bar.close()
     state.batches_done = -1
     if world > 1:  # on the model's device: gloo for CPU, nccl for CUDA
@@ -349,6 +356,8 @@ def _compute(
         check_operator(s, f"{kind} operator {name!r}")
     if path is not None and rank == 0:
         state.save(path)
+    if partial is not None and partial != path:
+        partial.unlink(missing_ok=True)  # this rank's progress is in the complete file now
     return state
 
 
