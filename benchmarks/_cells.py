@@ -48,7 +48,7 @@ def _launcher(nproc: int) -> list[str]:
     """How a cell's process starts: python, or torchrun with ``nproc`` ranks on this machine."""
     if nproc == 1:
         return [sys.executable]
-    return [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc_per_node={nproc}"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
 def record_cell(
@@ -68,7 +68,7 @@ def record_cell(
     usage = resource.getrusage(resource.RUSAGE_SELF)
     ranks = [(usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)]  # Linux: KiB
     if dist.is_available() and dist.is_initialized():
-        ranks = [None] * dist.get_world_size()
+        ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, (usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime))
         if dist.get_rank() != 0:
             return {}
@@ -116,7 +116,8 @@ def run_cells(
             continue
         command = [*_launcher(nproc), str(script), "--run-cell", name, *argv]
         log(f"{name}: {shlex.join(command)}")
-        child_env = {**os.environ, **(env(name) if env else {})}
+        # ranks share the cores: one thread each unless the caller's environment says otherwise
+        child_env = {**({"OMP_NUM_THREADS": "1"} if nproc > 1 else {}), **os.environ, **(env(name) if env else {})}
         start = time.perf_counter()
         code = subprocess.run(command, env=child_env, check=False).returncode
         if code != 0 or not is_done(out, name):
@@ -136,16 +137,33 @@ def read_records(path: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def load_cells(
-    out: str | Path, names: Sequence[str] | None = None, records: str | Path | None = None
+    out: str | Path,
+    names: Sequence[str] | None = None,
+    records: str | Path | None = None,
+    expected: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The records of the done cells (all, or those of ``names`` in that order).
 
     ``records``: a JSON file of earlier records (``{name: record}``, as a report writes them, e.g. one kept in docs/)
     read for the cells not done under ``out``, so a report can be rebuilt on a machine where only some cells were
     (re)measured. Those records get ``"records_file"`` set; their cell folders (saved results) are not here.
+    ``expected``: each cell's settings under this run's options; a record from ``records`` measured with other
+    values of them is refused (SystemExit naming the cell and the options), so unlike runs are never mixed.
     """
     root = Path(out) / "cells"
     earlier = read_records(records) if records is not None else {}
+    for name, want in (expected or {}).items():
+        have = earlier.get(name, {}).get("settings")
+        if have is None or is_done(out, name):
+            continue
+        want = json.loads(json.dumps(want, default=str))  # as the record stored it (tuples as lists)
+        differ = {k: (have[k], v) for k, v in want.items() if k in have and have[k] != v}
+        if differ:
+            shown = "; ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+            raise SystemExit(
+                f"--records {records}: cell {name} was measured with other settings ({shown}); "
+                "run the report with the options it was measured with, or leave --records out."
+            )
     if names is None:
         here = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file()) if root.is_dir() else []
         names = here + sorted(set(earlier) - set(here))

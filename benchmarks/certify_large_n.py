@@ -22,7 +22,7 @@ log₂|V| and the closed-form N*.
     python benchmarks/certify_large_n.py --out results/certify_large_n --cells saes-N5000-cal512       # one cell
     python benchmarks/certify_large_n.py --out results/certify_large_n --report                       # table only
     python benchmarks/certify_large_n.py --out results/certify_large_n --report \
-        --records docs/reproduction/certify_large_n.json                                      # with earlier cells
+        --records <an earlier report's certify_large_n.json>                                  # with earlier cells
 """
 
 from __future__ import annotations
@@ -178,8 +178,10 @@ def with_prefixes(
         merged[name] = cell
         folder = _cells.cell_dir(out, name) / "certification"
         n_cell = min(r["N"] for r in cell["result"]["rows"])
-        if not folder.is_dir():
+        if "records_file" in cell:  # measured elsewhere: its smaller-N rows come from the same records
             merged |= {f"{name}@N{n}": earlier[f"{name}@N{n}"] for n in PREFIXES if f"{name}@N{n}" in (earlier or {})}
+            continue
+        if not folder.is_dir():
             continue
         if not any(n < n_cell for n in PREFIXES):
             continue
@@ -191,10 +193,12 @@ def with_prefixes(
     return merged
 
 
-def report(out: Path, records: Path | None = None) -> str:
+def report(out: Path, records: Path | None = None, base: CertifySettings | None = None) -> str:
     """The table of the done cells (and their rows at smaller N), merged with ``records`` (the
-    ``certify_large_n.json`` of an earlier report) for cells not done under ``out``; both files go to ``out``."""
-    cells = _cells.load_cells(out, list(CELLS), records)
+    ``certify_large_n.json`` of an earlier report) for cells not done under ``out``; both files go to ``out``. With
+    ``base`` (this run's options), a record measured under other settings is refused."""
+    expected = {n: asdict(cell_settings(n, base)) for n in CELLS} if base is not None else None
+    cells = _cells.load_cells(out, list(CELLS), records, expected)
     if not cells:
         return "no cell done yet"
     out.mkdir(parents=True, exist_ok=True)
@@ -241,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [cell_settings(n, base) for n in names]
         check_settings(settings)
         failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
-    print(report(out, args.records))
+    print(report(out, args.records, base))
     return 1 if failed else 0
 
 

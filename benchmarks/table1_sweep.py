@@ -233,6 +233,10 @@ def _output_key(row: dict[str, Any]) -> str:
     return next(k for k in row if k.startswith("output@") and not k.endswith(("_lo", "_hi")))
 
 
+def _ranks(cell: dict[str, Any]) -> str:
+    return f" ({cell['ranks']} ranks)" if cell.get("ranks", 1) > 1 else ""
+
+
 def report_table(cells: dict[str, dict[str, Any]], methods: tuple[str, ...] = METHODS) -> str:
     """Markdown: one row per cell, ``input / output`` mean [95 % CI] per method (output at the first KL target)."""
     head = "| cell | max-act tokens | prompts × tokens | operator tokens | " + " | ".join(methods) + " | wall |"
@@ -253,7 +257,7 @@ def report_table(cells: dict[str, dict[str, Any]], methods: tuple[str, ...] = ME
         lines.append(
             f"| {name} | {res['maxact_tokens']:,} | {res['n_prompts']} × {res['n_generate']} | {res['op_tokens']:,} | "
             + " | ".join(parts)
-            + f" | {cell['wall_s'] / 60:.0f} min |"
+            + f" | {cell['wall_s'] / 60:.0f} min{_ranks(cell)} |"
         )
     return "\n".join(lines)
 
@@ -362,10 +366,12 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
     return "\n".join([head, "|" + "---|" * (len(ref.methods) + 1), *lines])
 
 
-def report(out: Path, records: Path | None = None) -> str:
+def report(out: Path, records: Path | None = None, base: SweepSettings | None = None) -> str:
     """The table, the signature overlap and the plots of the done cells, merged with ``records`` (the
-    ``table1_sweep.json`` of an earlier report) for cells not done under ``out``; all go to ``out``."""
-    cells = _cells.load_cells(out, list(CELLS), records)
+    ``table1_sweep.json`` of an earlier report) for cells not done under ``out``; all go to ``out``. With ``base``
+    (this run's options), a record measured under other settings is refused."""
+    expected = {n: asdict(cell_settings(n, base)) for n in CELLS} if base is not None else None
+    cells = _cells.load_cells(out, list(CELLS), records, expected)
     if not cells:
         return "no cell done yet"
     out.mkdir(parents=True, exist_ok=True)
@@ -433,9 +439,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = cell_settings(args.run_cell, base)
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         if distributed:
+            import datetime
+
             import torch.distributed as dist
 
-            dist.init_process_group("gloo")
+            # a rank waits for the others' evaluations (an hour each in the long cells): far beyond gloo's 30 min
+            dist.init_process_group("gloo", timeout=datetime.timedelta(hours=24))
+            if settings.device.startswith("cuda"):  # one GPU per rank
+                settings = dataclasses.replace(settings, device=f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
         _cells.record_cell(
             out, args.run_cell, asdict(settings), lambda f: compute_cell(settings, f, cache=out / "operators")
         )
@@ -448,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [cell_settings(n, base) for n in names]
         check_settings(settings)
         failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:], nproc=args.ranks)
-    print(report(out, args.records))
+    print(report(out, args.records, base))
     return 1 if failed else 0
 
 

@@ -33,6 +33,7 @@ def main(out: Path, mode: str = "") -> None:
 
         def save_then_stop(self, path):
             save(self, path)
+            dist.barrier()  # both ranks' progress is on disk before either stops (torchrun ends the other then)
             os._exit(3)  # killed right after the first minibatch's progress reached the disk
 
         OperatorSet.save = save_then_stop

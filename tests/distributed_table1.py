@@ -1,5 +1,6 @@
 """Worker for the two-rank torchrun test of Table 1: each rank evaluates its share of three dictionaries, twice (the
-second run loads every part from the shared checkpoint folder), and saves what it returned."""
+second run loads every part from the shared checkpoint folder), and saves what it returned; ``up_key`` mode scores
+a gated model's FF-KV with the up-projection key instead."""
 
 import json
 import sys
@@ -12,9 +13,15 @@ from tl_query_lens.query_lens import table1
 from tl_query_lens.query_lens.table1 import evaluate_table1
 
 
-def main(out: Path) -> None:
+def main(out: Path, mode: str = "") -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if mode == "up_key":  # the up-projection key: operators computed while the signatures are
+        out.mkdir(exist_ok=True)
+        model, dictionaries, tokens, kwargs = table1_inputs(up_key=True)
+        evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs).save(out / f"rank{rank}")
+        dist.destroy_process_group()
+        return
     model, dictionaries, tokens, kwargs = table1_inputs(3)
     evaluated, real = [], table1.evaluate_signatures
 
@@ -32,4 +39,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:])

@@ -104,7 +104,7 @@ def test_a_cell_under_torchrun_is_recorded_once_with_every_rank_memory(tmp_path,
     record = cells.load_cells(out)["c1"]
     assert record["result"] == {"rank": 0}  # rank 0 wrote it
     assert sorted(p.name for p in (out / "cells" / "c1").iterdir()) == ["cell.json", "rank0", "rank1"]
-    assert record["ranks"] == 2 and record["command"].split()[0].endswith("torchrun")
+    assert record["ranks"] == 2 and "-m torch.distributed.run --standalone --nproc_per_node=2" in record["command"]
     low, high = record["peak_rss_mb_by_rank"]
     assert high - low > 48 and record["peak_rss_mb"] == high  # each rank's own peak; the record keeps the largest
 
@@ -197,6 +197,13 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     assert json.loads((other_out / "table1_sweep.json").read_text())["base"]["records_file"] == str(records)
     with pytest.raises(SystemExit, match="no such file"):
         sweep.report(other_out, tmp_path / "missing.json")
+    # records measured under other options are refused, not mixed in
+    assert sweep.report(other_out, records, base=tiny) == again  # the test's records carry no settings
+    measured = json.loads(records.read_text())
+    measured["base"]["settings"] = json.loads(json.dumps(sweep.asdict(sweep.dataclasses.replace(tiny, k=7))))
+    records.write_text(json.dumps(measured))
+    with pytest.raises(SystemExit, match=r"cell base was measured with other settings \(k: 7 there, 5 here\)"):
+        sweep.report(other_out, records, base=tiny)
 
 
 def test_sweep_prompts_and_the_broad_check(tmp_path, monkeypatch):

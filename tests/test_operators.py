@@ -160,11 +160,24 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
         key_operators(model, tokens, KEY_HOOKS, batch_size=2, cache_dir=tmp_path, progress=False)
     (partial,) = tmp_path.glob("key-*.safetensors")
     assert OperatorSet.load(partial).batches_done == 1
-    monkeypatch.setattr(engine, "_run_sweep", real)
+    calls.clear()
+    monkeypatch.setattr(engine, "_run_sweep", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     resumed = key_operators(model, tokens, KEY_HOOKS, batch_size=2, cache_dir=tmp_path, progress=False)
+    assert len(calls) == 1  # only the second minibatch was swept
     assert resumed.complete and resumed.count == fresh.count
     for name in fresh:
         assert rel_err(resumed[name], fresh[name]) < 1e-6
+    # another minibatch split does not resume a partial state: the whole corpus is swept again
+    (done,) = tmp_path.glob("key-*.safetensors")
+    done.unlink()
+    monkeypatch.setattr(engine, "_run_sweep", dies_on_second_batch)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        key_operators(model, tokens, KEY_HOOKS, batch_size=2, cache_dir=tmp_path, progress=False)
+    calls.clear()
+    monkeypatch.setattr(engine, "_run_sweep", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    again = key_operators(model, tokens, KEY_HOOKS, batch_size=1, cache_dir=tmp_path, progress=False)
+    assert len(calls) == 4 and again.count == fresh.count
 
 
 def test_bad_input_is_rejected():

@@ -186,12 +186,17 @@ def test_table1_on_ffkv_and_a_topk_sae_side_by_side(tmp_path):
 
 
 @torch.no_grad()
-def table1_inputs(n_dictionaries: int = 2):
-    """A tiny model, FF-KV L1 and a TopK SAE on L1 (and FF-KV L0 with three), 24 × 8 tokens and small options."""
-    model = tiny_model("gelu_ln")
+def table1_inputs(n_dictionaries: int = 2, *, up_key: bool = False):
+    """A tiny model, FF-KV L1 and a TopK SAE on L1 (and FF-KV L0 with three), 24 × 8 tokens and small options.
+
+    ``up_key``: a gated model's FF-KV at L0 and L1 instead, scored with the up-projection key (whose operators are
+    computed while the signatures are, since no QL_KEY method asks for them beforehand)."""
+    model = tiny_model("gated_rms" if up_key else "gelu_ln")
     tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
     dictionaries = {"ffkv L1": FFKV.from_model(model, LAYER, "vanilla"), "sae L1 topk": topk_sae(model)}
-    if n_dictionaries == 3:
+    if up_key:
+        dictionaries = {f"ffkv L{layer}": FFKV.from_model(model, layer, "vanilla") for layer in (0, 1)}
+    elif n_dictionaries == 3:
         dictionaries["ffkv L0"] = FFKV.from_model(model, 0, "vanilla")
     kwargs = dict(
         tokenizer=ListTokenizer(model.cfg.d_vocab),
@@ -200,6 +205,8 @@ def table1_inputs(n_dictionaries: int = 2):
         seed=4,
         **SMALL,
     )
+    if up_key:
+        kwargs |= {"up_key": True, "methods": ("LL_KEY", "QL_VALUE")}
     return model, dictionaries, tokens, kwargs
 
 
@@ -268,13 +275,8 @@ def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
     torchrun = str(Path(sys.executable).parent / "torchrun")
     script = str(Path(__file__).with_name("distributed_table1.py"))
-    subprocess.run(
-        [torchrun, "--nproc_per_node", "2", "--master_port", "29519", script, str(tmp_path)],
-        check=True,
-        env=env,
-        timeout=300,
-        capture_output=True,
-    )
+    command = [torchrun, "--nproc_per_node", "2", "--master_port", "29519", script]
+    subprocess.run([*command, str(tmp_path)], check=True, env=env, timeout=300, capture_output=True)
     model, dictionaries, tokens, kwargs = table1_inputs(3)
     reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs)
     assert reference.dictionaries[0] == "ffkv L1" and reference.dictionaries[-1] == "ffkv L0"
@@ -283,8 +285,15 @@ def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result
         same_evaluation(SignatureEvaluation.load(tmp_path / f"rank{rank}"), reference)
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record["evaluated"] == share  # no dictionary evaluated twice
-        assert sorted(record["resumed"]) == sorted(dictionaries)  # the rerun loaded every rank's parts
+        assert record["resumed"] == list(dictionaries)  # the rerun loaded every rank's parts, listed in order
     assert len(list((tmp_path / "parts").iterdir())) == 3
+    # The up-projection key's operators are computed with the signatures: every rank makes the same engine calls.
+    model, dictionaries, tokens, kwargs = table1_inputs(up_key=True)
+    reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs)
+    assert "QL_KEY_UP" in reference.methods
+    subprocess.run([*command, str(tmp_path / "up"), "up_key"], check=True, env=env, timeout=300, capture_output=True)
+    for rank in (0, 1):
+        same_evaluation(SignatureEvaluation.load(tmp_path / "up" / f"rank{rank}"), reference)
 
 
 def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     taken = add_options(parser, RunConfig, skip=("dictionary",), defaults=RUN)
     shown = {  # --evaluate runs ql-evaluate's Table 1, which keeps both under --out
         "cache_dir": "none: operators are not cached; with --evaluate <--out>/operators",
-        "checkpoint_dir": "with --evaluate <--out>/parts",
+        "checkpoint_dir": "only with --evaluate: <--out>/parts",
     }
     taken = add_options(parser, QueryLensOptions, taken=taken)
     add_options(parser, Table1Config, taken=taken, skip=("prompts",), shown=shown)

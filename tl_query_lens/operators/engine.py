@@ -356,6 +356,9 @@ def _compute(
         check_operator(s, f"{kind} operator {name!r}")
     if path is not None and rank == 0:
         state.save(path)
+        # progress files of runs with other numbers of ranks (or this one's) are superseded by the complete set
+        for stale in path.parent.glob(f"{path.stem}.rank*of*{path.suffix}"):
+            stale.unlink(missing_ok=True)
     if partial is not None and partial != path:
         partial.unlink(missing_ok=True)  # this rank's progress is in the complete file now
     return state

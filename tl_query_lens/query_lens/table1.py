@@ -151,7 +151,9 @@ def evaluate_table1(
 
     Under ``torchrun`` (after ``torch.distributed.init_process_group``) each rank searches and evaluates every
     world-size-th dictionary and the engine splits the operator corpus between ranks; every rank returns the whole
-    result, equal to one process's.
+    result, one process's up to the order in which the operators' sums were added (identical where they come from
+    the same cache file). Ranks wait for each other between the stages: give ``init_process_group`` a ``timeout``
+    longer than one dictionary's evaluation (gloo's default is 30 minutes).
     """
     cfg = resolve_config(Table1Config, cfg, overrides)
     if cfg.checkpoint_dir is not None:
@@ -193,15 +195,20 @@ def evaluate_table1(
     )
     seconds["operators_s"] = time.perf_counter() - start - seconds["contexts_s"]
     evaluation = cfg.evaluation()
-    parts, resumed = {}, []
-    for label in mine:
-        dictionary, features = dictionaries[label], chosen[label]
+    # Signatures of every dictionary on every rank, in one order: a signature may still compute operators (the
+    # up-projection key's, in its feature basis), and the engine's all-reduce needs every rank to make the same calls.
+    signature_ids = {}
+    for label, dictionary in dictionaries.items():
+        features = chosen[label]
         signatures = lens.signature_set(dictionary, features, k=cfg.k, methods=cfg.methods)
-        methods = {name: sig.top_ids for name, sig in signatures.items()}
+        signature_ids[label] = {name: sig.top_ids for name, sig in signatures.items()}
         if label in up_views:
             up = up_views[label]
-            methods["LL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="logit_lens").top_ids
-            methods["QL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="full").top_ids
+            signature_ids[label]["LL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="logit_lens").top_ids
+            signature_ids[label]["QL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="full").top_ids
+    parts, resumed = {}, []
+    for label in mine:
+        dictionary, features, methods = dictionaries[label], chosen[label], signature_ids[label]
         saved = None
         if cfg.checkpoint_dir is not None:
             key = _part_fingerprint(
@@ -228,8 +235,9 @@ def evaluate_table1(
                 _save_part(part, saved)
         parts[label] = part
         logger.info("%s done after %.0f s", label, time.perf_counter() - start)
-    if world > 1:
-        resumed = [label for labels in _all_ranks(resumed) for label in labels]
+    if world > 1:  # in the dictionaries' order, as one process lists them
+        done = {label for labels in _all_ranks(resumed) for label in labels}
+        resumed = [str(label) for label in dictionaries if str(label) in done]
     result = SignatureEvaluation.concat(list(_gathered(parts, list(dictionaries), world).values()))
     seconds["total_s"] = time.perf_counter() - start
     result.config = {
