@@ -9,6 +9,8 @@ progress in its own file (``<cache file>.rank{r}of{w}``), resumed by a rerun wit
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -20,6 +22,25 @@ def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def all_ranks(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (an object all-gather); ``[obj]`` for one process."""
+    _rank, world = rank_and_world()
+    if world == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def gathered_by_key(mine: dict[Any, Any], order: list[Any]) -> dict[Any, Any]:
+    """Every rank's ``{key: value}`` merged, in ``order`` (ranks hold disjoint keys that together cover it);
+    ``mine`` itself for one process."""
+    if rank_and_world()[1] == 1:
+        return mine
+    merged = {key: value for part in all_ranks(mine) for key, value in part.items()}
+    return {key: merged[key] for key in order}
 
 
 def world_slice(tokens: torch.Tensor) -> tuple[torch.Tensor, int, int]:

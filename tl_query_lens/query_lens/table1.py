@@ -30,7 +30,7 @@ from tl_query_lens.errors import CorruptFileError, InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators import EngineConfig
 from tl_query_lens.operators.config import fold_flat_engine_options
-from tl_query_lens.operators.distributed import rank_and_world
+from tl_query_lens.operators.distributed import all_ranks, gathered_by_key, rank_and_world
 from tl_query_lens.paths import check_folder, result_name
 from tl_query_lens.query_lens.evaluation import (
     EvaluationConfig,
@@ -180,7 +180,7 @@ def evaluate_table1(
             )
             for label in mine
         }
-    contexts = _gathered(contexts, list(dictionaries), world)
+    contexts = gathered_by_key(contexts, list(dictionaries))
     gen = torch.Generator().manual_seed(cfg.seed)
     chosen, selection = {}, {}
     for label, dictionary in dictionaries.items():
@@ -236,9 +236,9 @@ def evaluate_table1(
         parts[label] = part
         logger.info("%s done after %.0f s", label, time.perf_counter() - start)
     if world > 1:  # in the dictionaries' order, as one process lists them
-        done = {label for labels in _all_ranks(resumed) for label in labels}
+        done = {label for labels in all_ranks(resumed) for label in labels}
         resumed = [str(label) for label in dictionaries if str(label) in done]
-    result = SignatureEvaluation.concat(list(_gathered(parts, list(dictionaries), world).values()))
+    result = SignatureEvaluation.concat(list(gathered_by_key(parts, list(dictionaries)).values()))
     seconds["total_s"] = time.perf_counter() - start
     result.config = {
         **result.config,
@@ -248,21 +248,6 @@ def evaluate_table1(
         "resumed_dictionaries": resumed,  # loaded from checkpoint_dir: their time is not in ``seconds``
     }
     return result
-
-
-def _all_ranks(obj: Any) -> list[Any]:
-    """``obj`` of every rank, in rank order (torch.distributed's object all-gather)."""
-    gathered: list[Any] = [None] * rank_and_world()[1]
-    torch.distributed.all_gather_object(gathered, obj)
-    return gathered
-
-
-def _gathered(mine: dict[Any, Any], order: list[Any], world: int) -> dict[Any, Any]:
-    """Every rank's ``{label: value}`` merged, in the dictionaries' order (``mine`` itself for one process)."""
-    if world == 1:
-        return mine
-    merged = {label: value for part in _all_ranks(mine) for label, value in part.items()}
-    return {label: merged[label] for label in order}
 
 
 def _part_fingerprint(
