@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,3 +42,40 @@ def test_embedded_model_is_a_hooked_sae_transformer(embedded_model):
     assert isinstance(embedded_model, HookedSAETransformer)
     assert embedded_model.cfg.n_layers == 30 and embedded_model.cfg.d_vocab == 49152
     assert "blocks.29.hook_resid_post" in embedded_model.hook_dict
+
+
+def _fake_conversion(monkeypatch, tmp_path):
+    """Stand-ins for the ~30 s GGUF conversion: the cache logic is under test, not the weights."""
+    from types import SimpleNamespace
+
+    from tl_query_lens import models
+
+    class Tokenizer:
+        def save_pretrained(self, path):
+            Path(path).mkdir(parents=True)
+            (Path(path) / "tokenizer.json").write_text("{}")
+
+    hf = SimpleNamespace(config=SimpleNamespace(rms_norm_eps=1e-5))
+    monkeypatch.setattr(models, "load_hf_from_gguf", lambda name: (hf, Tokenizer()))
+    monkeypatch.setattr(models, "convert_llama_weights", lambda hf_model, cfg: {"w": torch.zeros(2)})
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda name: tmp_path / "model.gguf")
+    return models
+
+
+def test_two_processes_converting_the_embedded_model_at_once_keep_one_copy(monkeypatch, tmp_path):
+    """Two torchrun ranks on a fresh machine both convert; the one that stores second must not fail."""
+    models = _fake_conversion(monkeypatch, tmp_path)
+    target = tmp_path / "smollm2-135m-v1"
+    models._build_embedded_cache("smollm2-135m", target)  # the other rank, first
+    models._build_embedded_cache("smollm2-135m", target)  # this rank, second: its replace meets a full folder
+    assert (target / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-v1"]  # no temporary folder left behind
+
+
+def test_an_incomplete_embedded_cache_folder_is_not_taken_for_a_conversion(monkeypatch, tmp_path):
+    models = _fake_conversion(monkeypatch, tmp_path)
+    target = tmp_path / "smollm2-135m-v1"
+    target.mkdir()
+    (target / "stray").write_text("")
+    with pytest.raises(OSError):
+        models._build_embedded_cache("smollm2-135m", target)

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import time
 import weakref
 from pathlib import Path
@@ -111,7 +112,14 @@ def _build_embedded_cache(name: str, target: Path) -> None:
     save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors"))
     tokenizer.save_pretrained(str(tmp / "tokenizer"))
     (tmp / "config.json").write_text(json.dumps({"rms_norm_eps": cfg.eps, "source": str(embedded_gguf_path(name))}))
-    tmp.replace(target)
+    try:
+        tmp.replace(target)
+    except OSError:
+        # Another process converting at the same time (a torchrun rank, a parallel test worker) stored its
+        # identical copy first: keep that one. A target that is there but incomplete is a real error.
+        if not (target / "model.safetensors").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_model(
