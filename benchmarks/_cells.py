@@ -11,6 +11,7 @@ re-measuring one cell on a new machine does not mean re-measuring all of them.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -174,3 +175,47 @@ def load_cells(
         elif n in earlier:
             cells[n] = earlier[n]
     return cells
+
+
+def add_run_options(parser: argparse.ArgumentParser, cells: Sequence[str], out: str, records: str) -> None:
+    """The options every cell script shares: which cells, where, the model and seed, report only, earlier records
+    (``records``: the JSON file its report writes), and the hidden ``--run-cell`` of a cell's own process."""
+    parser.add_argument("--cells", default=",".join(cells), help="comma list (default: every cell)")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--report", action="store_true", help="only write the report of the done cells")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        help=f"the {records} of an earlier report: its cells are reported beside those done under --out, which take "
+        "precedence",
+    )
+    parser.add_argument("--run-cell", help=argparse.SUPPRESS)
+
+
+def run_then_report(
+    script: str | Path,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    check: Callable[[list[str]], None],
+    report: Callable[[], str],
+    *,
+    nproc: int = 1,
+) -> int:
+    """A cell script's main run: check the named cells' settings (``check`` raises on a bad one), run those not done
+    (unless ``--report``), then print ``report()``; the exit status is 1 when a cell failed."""
+    names = [n.strip() for n in args.cells.split(",") if n.strip()]
+    failed: list[str] = []
+    if not args.report:
+        check(names)
+        failed = run_cells(script, args.out, names, argv if argv is not None else sys.argv[1:], nproc=nproc)
+    print(report())
+    return 1 if failed else 0
+
+
+def merged_note(cells: dict[str, dict[str, Any]], records: str | Path | None, out: str | Path) -> str:
+    """The report's line naming the cells read from ``records`` (none: empty)."""
+    merged = [n for n, c in cells.items() if "records_file" in c]
+    return f"\n\nRead from {records} (measured earlier, not under {out}): {', '.join(merged)}" if merged else ""

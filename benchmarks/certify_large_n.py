@@ -204,10 +204,7 @@ def report(out: Path, records: Path | None = None, base: CertifySettings | None 
     out.mkdir(parents=True, exist_ok=True)
     earlier = _cells.read_records(records) if records is not None else {}
     table = with_prefixes(out, cells, earlier)
-    text = report_table(table)
-    merged = [n for n, c in cells.items() if "records_file" in c]
-    if merged:
-        text += f"\n\nRead from {records} (measured earlier, not under {out}): {', '.join(merged)}"
+    text = report_table(table) + _cells.merged_note(cells, records, out)
     (out / "certify_large_n.md").write_text(text + "\n")
     (out / "certify_large_n.json").write_text(json.dumps(table, indent=1, default=str))
     return text
@@ -215,21 +212,9 @@ def report(out: Path, records: Path | None = None, base: CertifySettings | None 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", default=",".join(CELLS), help="comma list (default: every cell)")
-    parser.add_argument("--out", default="results/certify_large_n")
+    _cells.add_run_options(parser, CELLS, "results/certify_large_n", "certify_large_n.json")
     parser.add_argument("--corpus", default="broad")
     parser.add_argument("--shuffle", action="store_true", help="add the feature-shuffle ablation (doubles the cost)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--report", action="store_true", help="only write the table of the done cells")
-    parser.add_argument(
-        "--records",
-        type=Path,
-        help="the certify_large_n.json of an earlier report: its cells are reported beside those done under --out, "
-        "which take precedence",
-    )
-    parser.add_argument("--run-cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out)
     base = CertifySettings(
@@ -239,14 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         settings = cell_settings(args.run_cell, base)
         _cells.record_cell(out, args.run_cell, asdict(settings), lambda f: compute_cell(settings, f))
         return 0
-    names = [n.strip() for n in args.cells.split(",") if n.strip()]
-    failed: list[str] = []
-    if not args.report:
-        settings = [cell_settings(n, base) for n in names]
-        check_settings(settings)
-        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:])
-    print(report(out, args.records, base))
-    return 1 if failed else 0
+    return _cells.run_then_report(
+        __file__,
+        args,
+        argv,
+        lambda names: check_settings([cell_settings(n, base) for n in names]),
+        lambda: report(out, args.records, base),
+    )
 
 
 if __name__ == "__main__":

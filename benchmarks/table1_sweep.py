@@ -375,10 +375,7 @@ def report(out: Path, records: Path | None = None, base: SweepSettings | None = 
     if not cells:
         return "no cell done yet"
     out.mkdir(parents=True, exist_ok=True)
-    text = report_table(cells)
-    merged = [n for n, c in cells.items() if "records_file" in c]
-    if merged:
-        text += f"\n\nRead from {records} (measured earlier, not under {out}): {', '.join(merged)}"
+    text = report_table(cells) + _cells.merged_note(cells, records, out)
     overlap = signature_overlap(out, cells)
     if overlap:
         text += (
@@ -395,21 +392,10 @@ def report(out: Path, records: Path | None = None, base: SweepSettings | None = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", default=",".join(CELLS), help="comma list (default: every cell)")
-    parser.add_argument("--out", default="results/table1_sweep")
+    _cells.add_run_options(parser, CELLS, "results/table1_sweep", "table1_sweep.json (docs/reproduction/)")
     parser.add_argument("--dictionary", default=SweepSettings.dictionary, help="dictionaries (default: the suite SAEs)")
     parser.add_argument("--layers", default=",".join(map(str, LAYERS)))
     parser.add_argument("--features-per-layer", type=int, default=13)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--report", action="store_true", help="only write the table and plots of the done cells")
-    parser.add_argument(
-        "--records",
-        type=Path,
-        help="the table1_sweep.json of an earlier report (docs/reproduction/table1_sweep.json): its cells are reported "
-        "beside those done under --out, which take precedence",
-    )
     parser.add_argument(
         "--autocast",
         action="store_true",
@@ -423,7 +409,6 @@ def main(argv: list[str] | None = None) -> int:
         help="torchrun ranks per cell: each rank evaluates every ranks-th dictionary, the operator corpus is split "
         "between them (default 1: one python process)",
     )
-    parser.add_argument("--run-cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out)
     base = SweepSettings(
@@ -453,14 +438,14 @@ def main(argv: list[str] | None = None) -> int:
         if distributed:
             dist.destroy_process_group()
         return 0
-    names = [n.strip() for n in args.cells.split(",") if n.strip()]
-    failed: list[str] = []
-    if not args.report:
-        settings = [cell_settings(n, base) for n in names]
-        check_settings(settings)
-        failed = _cells.run_cells(__file__, out, names, argv if argv is not None else sys.argv[1:], nproc=args.ranks)
-    print(report(out, args.records, base))
-    return 1 if failed else 0
+    return _cells.run_then_report(
+        __file__,
+        args,
+        argv,
+        lambda names: check_settings([cell_settings(n, base) for n in names]),
+        lambda: report(out, args.records, base),
+        nproc=args.ranks,
+    )
 
 
 if __name__ == "__main__":
