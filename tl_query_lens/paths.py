@@ -88,22 +88,15 @@ def result_names(labels: Iterable[Any], what: str = "labels", name: Callable[[An
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path, mode: str = "w", *, encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
-    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` (readable by others).
-
-    On any exception (``OSError`` such as a full disk, ``KeyboardInterrupt``, a signal turned into an exception)
-    the temporary file is removed and ``path`` keeps its old content. ``OSError`` is raised as
-    :class:`~tl_query_lens.errors.WriteError` naming ``path`` and the fix.
-    """
-    path = Path(path)
+def _replaced_on_success(path: Path) -> Iterator[str]:
+    """A temporary file name beside ``path``; when the block succeeds the file replaces ``path`` (mode 0644), when it
+    raises the file is removed and ``path`` keeps its old content. ``OSError`` becomes :func:`write_error`'s."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp")
-        binary = "b" in mode
-        with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
-            yield handle
-            handle.flush()
+        os.close(fd)
+        yield tmp
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by others
         os.replace(tmp, path)
         tmp = None
@@ -115,26 +108,25 @@ def atomic_write(path: str | Path, mode: str = "w", *, encoding: str | None = "u
                 os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_write(path: str | Path, mode: str = "w", *, encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` (readable by others).
+
+    On any exception (``OSError`` such as a full disk, ``KeyboardInterrupt``, a signal turned into an exception)
+    the temporary file is removed and ``path`` keeps its old content. ``OSError`` is raised as
+    :class:`~tl_query_lens.errors.WriteError` naming ``path`` and the fix.
+    """
+    with _replaced_on_success(Path(path)) as tmp, open(tmp, mode, encoding=None if "b" in mode else encoding) as handle:
+        yield handle
+        handle.flush()
+
+
 def atomic_write_with(path: str | Path, write: Callable[[str], None]) -> Path:
     """Atomically produce ``path`` with ``write(tmp_path)`` (for writers that take a file name, e.g. safetensors'
     ``save_file``); same guarantees as :func:`atomic_write`."""
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp")
-        os.close(fd)
+    with _replaced_on_success(Path(path)) as tmp:
         write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as err:
-        raise write_error(path, err) from err
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-    return path
+    return Path(path)
 
 
 def inside(folder: str | Path, relative: Any, what: str) -> Path:
