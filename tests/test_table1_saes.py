@@ -210,11 +210,17 @@ def table1_inputs(n_dictionaries: int = 2, *, up_key: bool = False):
     return model, dictionaries, tokens, kwargs
 
 
-def same_evaluation(res: SignatureEvaluation, reference: SignatureEvaluation) -> None:
+def same_evaluation(res: SignatureEvaluation, reference: SignatureEvaluation, *, exact: bool = True) -> None:
+    """Equal features, signatures, scores and steered tokens; the continuous α-search fields (α, KLs) bit for bit when
+    ``exact``, else to float32 rounding (another process's kernels may sum in another order)."""
     assert res.dictionaries == reference.dictionaries and res.methods == reference.methods
-    names = ("features", "layers", "input_scores", "output_scores", "signature_ids", "alphas", "search_kl")
-    for name in (*names, "achieved_kl", "steered_top"):
+    for name in ("features", "layers", "input_scores", "output_scores", "signature_ids", "steered_top"):
         assert torch.equal(getattr(res, name), getattr(reference, name)), name
+    for name in ("alphas", "search_kl", "achieved_kl"):
+        if exact:
+            assert torch.equal(getattr(res, name), getattr(reference, name)), name
+        else:
+            torch.testing.assert_close(getattr(res, name), getattr(reference, name), rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
@@ -282,7 +288,7 @@ def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result
     assert reference.dictionaries[0] == "ffkv L1" and reference.dictionaries[-1] == "ffkv L0"
     shares = {0: ["ffkv L1", "ffkv L0"], 1: ["sae L1 topk"]}
     for rank, share in shares.items():
-        same_evaluation(SignatureEvaluation.load(tmp_path / f"rank{rank}"), reference)
+        same_evaluation(SignatureEvaluation.load(tmp_path / f"rank{rank}"), reference, exact=False)
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record["evaluated"] == share  # no dictionary evaluated twice
         assert record["resumed"] == list(dictionaries)  # the rerun loaded every rank's parts, listed in order
@@ -293,7 +299,7 @@ def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result
     assert "QL_KEY_UP" in reference.methods
     subprocess.run([*command, str(tmp_path / "up"), "up_key"], check=True, env=env, timeout=300, capture_output=True)
     for rank in (0, 1):
-        same_evaluation(SignatureEvaluation.load(tmp_path / "up" / f"rank{rank}"), reference)
+        same_evaluation(SignatureEvaluation.load(tmp_path / "up" / f"rank{rank}"), reference, exact=False)
 
 
 def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):
