@@ -295,7 +295,7 @@ def test_readout_fit_spread_table_is_mean_and_range(tmp_path):
 
 @pytest.mark.slow
 def test_readout_fit_spread_cell_on_the_embedded_model(tmp_path):
-    """One 3-step fit of the embedded model scored end to end (about 3 minutes on 2 cores)."""
+    """One 3-step fit of the embedded model scored end to end (about 3 minutes on 2 idle cores)."""
     out = tmp_path / "spread"
     cmd = [sys.executable, str(BENCH / "readout_fit_spread.py"), "--out", str(out), "--cells", "s0-t1", "--steps", "3"]
     subprocess.run(cmd, check=True, cwd=Path(tl_query_lens.__file__).resolve().parents[1])

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tl_query_lens import load_model
+from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.models import embedded_gguf_path
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return", "Sparse autoencoders decompose activations"]
@@ -77,5 +78,6 @@ def test_an_incomplete_embedded_cache_folder_is_not_taken_for_a_conversion(monke
     target = tmp_path / "smollm2-135m-v1"
     target.mkdir()
     (target / "stray").write_text("")
-    with pytest.raises(OSError):
+    with pytest.raises(CorruptFileError, match=r"smollm2-135m-v1: .*Delete that folder"):
         models._build_embedded_cache("smollm2-135m", target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-v1"]  # the conversion is not left behind

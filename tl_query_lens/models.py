@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
-from tl_query_lens.errors import InputError, UnavailableError
+from tl_query_lens.errors import CorruptFileError, InputError, UnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -114,12 +114,16 @@ def _build_embedded_cache(name: str, target: Path) -> None:
     (tmp / "config.json").write_text(json.dumps({"rms_norm_eps": cfg.eps, "source": str(embedded_gguf_path(name))}))
     try:
         tmp.replace(target)
-    except OSError:
+    except OSError as err:
         # Another process converting at the same time (a torchrun rank, a parallel test worker) stored its
-        # identical copy first: keep that one. A target that is there but incomplete is a real error.
-        if not (target / "model.safetensors").exists():
-            raise
+        # identical copy first: keep that one. A target that is there but incomplete is not ours to delete.
         shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "model.safetensors").exists():
+            raise CorruptFileError(
+                target,
+                f"the converted model could not be stored there ({err.strerror}): the folder holds no model.safetensors",
+                "Delete that folder and load the model again.",
+            ) from err
 
 
 def load_model(
