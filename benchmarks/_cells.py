@@ -177,15 +177,18 @@ def load_cells(
     return cells
 
 
-def add_run_options(parser: argparse.ArgumentParser, cells: Sequence[str], out: str, records: str) -> None:
+def add_run_options(
+    parser: argparse.ArgumentParser, cells: Sequence[str], out: str, records: str, *, writes: str = "report"
+) -> None:
     """The options every cell script shares: which cells, where, the model and seed, report only, earlier records
-    (``records``: the JSON file its report writes), and the hidden ``--run-cell`` of a cell's own process."""
+    (``records``: the JSON file its report writes; ``writes``: what ``--report`` writes), and the hidden
+    ``--run-cell`` of a cell's own process."""
     parser.add_argument("--cells", default=",".join(cells), help="comma list (default: every cell)")
     parser.add_argument("--out", default=out)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--report", action="store_true", help="only write the report of the done cells")
+    parser.add_argument("--report", action="store_true", help=f"only write the {writes} of the done cells")
     parser.add_argument(
         "--records",
         type=Path,

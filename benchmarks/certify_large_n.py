@@ -212,7 +212,7 @@ def report(out: Path, records: Path | None = None, base: CertifySettings | None 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _cells.add_run_options(parser, CELLS, "results/certify_large_n", "certify_large_n.json")
+    _cells.add_run_options(parser, CELLS, "results/certify_large_n", "certify_large_n.json", writes="table")
     parser.add_argument("--corpus", default="broad")
     parser.add_argument("--shuffle", action="store_true", help="add the feature-shuffle ablation (doubles the cost)")
     args = parser.parse_args(argv)

@@ -392,7 +392,9 @@ def report(out: Path, records: Path | None = None, base: SweepSettings | None = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _cells.add_run_options(parser, CELLS, "results/table1_sweep", "table1_sweep.json (docs/reproduction/)")
+    _cells.add_run_options(
+        parser, CELLS, "results/table1_sweep", "table1_sweep.json (docs/reproduction/)", writes="table and plots"
+    )
     parser.add_argument("--dictionary", default=SweepSettings.dictionary, help="dictionaries (default: the suite SAEs)")
     parser.add_argument("--layers", default=",".join(map(str, LAYERS)))
     parser.add_argument("--features-per-layer", type=int, default=13)
