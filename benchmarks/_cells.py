@@ -60,19 +60,17 @@ def record_cell(
     Under torchrun (the process group initialised) every rank computes and rank 0 writes the record, with the peak
     RSS of each rank (``peak_rss_mb`` is their maximum) and the CPU time of all."""
     import torch
-    import torch.distributed as dist
+
+    from tl_query_lens.operators.distributed import all_ranks, rank_and_world
 
     folder = cell_dir(out, name)
     folder.mkdir(parents=True, exist_ok=True)
     started, load_start, start = _now(), os.getloadavg(), time.perf_counter()
     result = compute(folder)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    ranks = [(usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)]  # Linux: KiB
-    if dist.is_available() and dist.is_initialized():
-        ranks: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(ranks, (usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime))
-        if dist.get_rank() != 0:
-            return {}
+    ranks = all_ranks((usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime))  # Linux: KiB
+    if rank_and_world()[0] != 0:
+        return {}
     record = {
         "name": name,
         "settings": settings,
