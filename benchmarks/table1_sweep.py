@@ -13,6 +13,9 @@ them from that base (``base``), keeping the others:
   openers of :func:`sweep_prompts`);
 - operator corpus (train split of the embedded corpus): 512 and 4,096 tokens, in fp32 and with the operator sweeps
   under bf16 autocast (``*-bf16``; ``base-bf16`` is base's 64 tokens, so it measures what bf16 alone changes).
+  ``ops-512``, ``ops-4096`` and ``ops-4096-bf16`` push only the sampled features' directions through the engine
+  (``Table1Config.basis="features"``) instead of computing full operators; ``base-features`` is base in that basis,
+  so it measures what the basis alone changes.
 
 Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell); inside a
 cell, each layer's scores are kept under ``<out>/cells/<cell>/parts`` as that layer finishes and the operators of a
@@ -65,6 +68,8 @@ class SweepSettings:
         features_per_layer / n_contexts / k / kl_targets / n_steps / exclude_first_positions / seed: Table 1's.
         model / device: the model.
         sweep_dtype / sweep_autocast: the operator sweeps' precision (``EngineConfig``; default fp32).
+        basis: ``Table1Config.basis``: ``"identity"`` (full operators) or ``"features"`` (only the 52 sampled
+            features' directions through the engine; the same signatures up to rounding, ~11x fewer passes).
         extra: further :class:`~tl_query_lens.query_lens.table1.Table1Config` fields (e.g. ``methods``, ``baselines``).
     """
 
@@ -88,6 +93,7 @@ class SweepSettings:
     device: str = "cpu"
     sweep_dtype: str | None = None
     sweep_autocast: bool = False
+    basis: str = "identity"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,19 +109,32 @@ FACTORS: dict[str, list[tuple[str, dict[str, Any], str]]] = {
         ("prompts-20x20", {"n_prompts": 20, "n_generate": 20}, "20 × 20"),
         ("prompts-100x20", {"n_prompts": 100, "n_generate": 20}, "100 × 20"),
     ],
+    # the larger operator corpora in the feature basis (the full operators of 4,096 tokens took ~2.6 h per cell
+    # in bf16 with two ranks); base-features against base measures what the basis alone changes
     "ops": [
-        ("ops-512", {"op_seqs": 16}, "512"),
-        ("ops-4096", {"op_seqs": 128}, "4,096"),
+        ("ops-512", {"op_seqs": 16, "basis": "features"}, "512"),
+        ("ops-4096", {"op_seqs": 128, "basis": "features"}, "4,096"),
     ],
     # the same operator corpora swept under bf16 autocast (about 2x faster on this CPU); base-bf16 against base
     # measures what bf16 alone changes
     "ops_bf16": [
         ("base-bf16", {"sweep_dtype": "bfloat16", "sweep_autocast": True}, "64 bf16"),
         ("ops-512-bf16", {"op_seqs": 16, "sweep_dtype": "bfloat16", "sweep_autocast": True}, "512 bf16"),
-        ("ops-4096-bf16", {"op_seqs": 128, "sweep_dtype": "bfloat16", "sweep_autocast": True}, "4,096 bf16"),
+        (
+            "ops-4096-bf16",
+            {"op_seqs": 128, "sweep_dtype": "bfloat16", "sweep_autocast": True, "basis": "features"},
+            "4,096 bf16",
+        ),
     ],
+    "basis": [("base-features", {"basis": "features"}, "64, feature basis")],
 }
-BASE_LABEL = {"maxact": "docstrings 4k", "prompts": "2 × 10", "ops": "64", "ops_bf16": "64 fp32"}
+BASE_LABEL = {
+    "maxact": "docstrings 4k",
+    "prompts": "2 × 10",
+    "ops": "64",
+    "ops_bf16": "64 fp32",
+    "basis": "64, full operators",
+}
 CELLS: dict[str, dict[str, Any]] = {"base": {}} | {name: change for f in FACTORS.values() for name, change, _ in f}
 
 _SUBJECTS = ("The", "A", "My", "Our", "This", "Every", "One", "Their")
@@ -203,6 +222,7 @@ def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Pa
             sweep_dtype=s.sweep_dtype,
             sweep_autocast=s.sweep_autocast,
         ),
+        basis=s.basis,  # type: ignore[arg-type]
         checkpoint_dir=str(folder / "parts"),  # a stopped cell resumes dictionary by dictionary
         **s.extra,
     )

@@ -1,6 +1,7 @@
 """Worker for the two-rank torchrun test of Table 1: each rank evaluates its share of three dictionaries, twice (the
 second run loads every part from the shared checkpoint folder), and saves what it returned; ``up_key`` mode scores
-a gated model's FF-KV with the up-projection key instead."""
+a gated model's FF-KV with the up-projection key instead, ``features`` mode the three dictionaries in the feature
+basis."""
 
 import json
 import sys
@@ -16,9 +17,13 @@ from tl_query_lens.query_lens.table1 import evaluate_table1
 def main(out: Path, mode: str = "") -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    if mode == "up_key":  # the up-projection key: operators computed while the signatures are
+    if mode in ("up_key", "features"):  # operators computed while the signatures are (every rank, one order)
         out.mkdir(exist_ok=True)
-        model, dictionaries, tokens, kwargs = table1_inputs(up_key=True)
+        if mode == "up_key":
+            model, dictionaries, tokens, kwargs = table1_inputs(up_key=True)
+        else:
+            model, dictionaries, tokens, kwargs = table1_inputs(3)
+            kwargs["basis"] = "features"
         evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs).save(out / f"rank{rank}")
         dist.destroy_process_group()
         return

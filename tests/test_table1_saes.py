@@ -273,6 +273,39 @@ def test_checkpoint_dir_resumes_dictionary_by_dictionary(tmp_path, monkeypatch):
         evaluate_table1(model, dictionaries, tokens[:2], tokens, checkpoint_dir=str(tmp_path / "file"), **kwargs)
 
 
+def test_feature_basis_gives_the_full_operators_evaluation_from_feature_directions_only(tmp_path, monkeypatch):
+    """basis="features" pushes (pulls) only the sampled features' directions through the engine, never a full
+    operator, and scores as the full operators do (reference: basis="identity"); a part saved under one basis is
+    reused by the other, since the signatures it depends on are the same."""
+    from tl_query_lens.query_lens import lens as lens_module
+    from tl_query_lens.query_lens import table1
+
+    model, dictionaries, tokens, kwargs = table1_inputs(3)
+    reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, checkpoint_dir=str(tmp_path), **kwargs)
+    widths = []
+    for name in ("value_operators", "key_operators", "module_operators"):
+        real = getattr(lens_module, name)
+
+        def recorded(*args, real=real, basis=None, **kw):
+            widths.append(None if basis is None else len(basis))
+            return real(*args, basis=basis, **kw)
+
+        monkeypatch.setattr(lens_module, name, recorded)
+    evaluated, real_evaluate = [], table1.evaluate_signatures
+    monkeypatch.setattr(table1, "evaluate_signatures", lambda *a, **kw: evaluated.append(1) or real_evaluate(*a, **kw))
+    fresh = evaluate_table1(model, dictionaries, tokens[:2], tokens, basis="features", **kwargs)
+    same_evaluation(fresh, reference, exact=False)
+    assert widths and None not in widths and max(widths) <= 3, widths  # 3 features per dictionary
+    assert fresh.config["basis"] == "features" and len(evaluated) == 3
+    evaluated.clear()
+    resumed = evaluate_table1(
+        model, dictionaries, tokens[:2], tokens, basis="features", checkpoint_dir=str(tmp_path), **kwargs
+    )
+    assert not evaluated and resumed.config["resumed_dictionaries"] == list(dictionaries)
+    with pytest.raises(ValueError, match="basis must be one of"):
+        evaluate_table1(model, dictionaries, tokens[:2], tokens, basis="full", **kwargs)
+
+
 @pytest.mark.distributed
 @pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
 def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result(tmp_path):
@@ -300,6 +333,12 @@ def test_two_torchrun_ranks_split_the_dictionaries_and_return_one_process_result
     subprocess.run([*command, str(tmp_path / "up"), "up_key"], check=True, env=env, timeout=300, capture_output=True)
     for rank in (0, 1):
         same_evaluation(SignatureEvaluation.load(tmp_path / "up" / f"rank{rank}"), reference, exact=False)
+    # In the feature basis every operator is computed with the signatures, on every rank in one order.
+    model, dictionaries, tokens, kwargs = table1_inputs(3)
+    reference = evaluate_table1(model, dictionaries, tokens[:2], tokens, **kwargs)  # full operators
+    subprocess.run([*command, str(tmp_path / "fb"), "features"], check=True, env=env, timeout=300, capture_output=True)
+    for rank in (0, 1):
+        same_evaluation(SignatureEvaluation.load(tmp_path / "fb" / f"rank{rank}"), reference, exact=False)
 
 
 def test_dictionary_items_folder_release_and_errors(tmp_path, monkeypatch):

@@ -51,7 +51,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "checkpoint_dir": "only with --evaluate: <--out>/parts",
     }
     taken = add_options(parser, QueryLensOptions, taken=taken)
-    add_options(parser, Table1Config, taken=taken, skip=("prompts",), shown=shown)
+    # basis: signatures here take QueryLens' own rule per request; Table 1's choice is ql-evaluate's --basis
+    add_options(parser, Table1Config, taken=taken, skip=("prompts", "basis"), shown=shown)
     parser.set_defaults(func=run)
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from jaxtyping import Int
@@ -38,7 +38,7 @@ from tl_query_lens.query_lens.evaluation import (
     evaluate_signatures,
     model_passes,
 )
-from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, QueryLens
+from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, Basis, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
 from tl_query_lens.query_lens.protocols.paper import up_projection_key_view
 
@@ -67,6 +67,14 @@ class Table1Config(EvaluationConfig):
         methods: signature methods scored (names of :data:`SIGNATURE_METHODS`).
         engine: the operator engine's options (:class:`~tl_query_lens.operators.config.EngineConfig`; operators are
             kept in its cache_dir). Keyword overrides of :func:`evaluate_table1` reach its fields (``chunk=16``).
+        basis: how the Query Lens operators reach the signatures. ``"identity"``: every dictionary's full value, key
+            and module operators, one engine sweep per kind over all of them (d_model directions each; kept in the
+            engine's cache_dir and reused by any features and any later run on the same operator corpus).
+            ``"features"``: only the sampled features' directions are pushed forward (values) and pulled back
+            (keys), per dictionary (``features_per_layer`` directions instead of d_model, so about d_model /
+            features_per_layer times fewer passes; cached per feature set). The signatures are the same up to
+            rounding (``M v`` either way). ``"auto"``: :class:`~tl_query_lens.query_lens.lens.QueryLens`' own rule
+            per request (the smaller basis, as nothing is precomputed).
         up_key: also score the authors' SwiGLU key (up-projection column at ``hook_resid_mid``) as LL_KEY_UP /
             QL_KEY_UP beside LL_KEY / QL_KEY.
         checkpoint_dir: folder where each dictionary's evaluation is saved as soon as it is done; a rerun that
@@ -82,6 +90,7 @@ class Table1Config(EvaluationConfig):
     exclude_first_positions: int = 0
     methods: tuple[str, ...] = tuple(SIGNATURE_METHODS)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    basis: Basis = "identity"
     # Deprecated spellings of engine.skip_positions / engine.chunk / engine.cache_dir (folded into engine).
     skip_positions: InitVar[int | None] = None
     chunk: InitVar[int | None] = None
@@ -112,6 +121,8 @@ class Table1Config(EvaluationConfig):
             raise ValueError(
                 f"feature_selection must be 'auto', 'uniform' or 'active', got {self.feature_selection!r}."
             )
+        if self.basis not in get_args(Basis):
+            raise ValueError(f"basis must be one of {get_args(Basis)}, got {self.basis!r}.")
         if self.exclude_first_positions < 0:
             raise ValueError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
         if self.k < 1 or self.features_per_layer < 1:
@@ -186,17 +197,18 @@ def evaluate_table1(
     for label, dictionary in dictionaries.items():
         chosen[label], selection[str(label)] = select_features(dictionary, contexts[label], cfg, gen, label=label)
     seconds = {"contexts_s": time.perf_counter() - start}
-    lens = QueryLens(model, operator_tokens, engine=cfg.engine)
-    sides = {SIGNATURE_METHODS[m] for m in cfg.methods}
-    lens.precompute(
-        list(dictionaries.values()) + list(up_views.values()),
-        value_methods={m for s, m in sides if s == "value"},
-        key_methods={m for s, m in sides if s == "key"},
-    )
-    seconds["operators_s"] = time.perf_counter() - start - seconds["contexts_s"]
+    lens = QueryLens(model, operator_tokens, engine=cfg.engine, basis=cfg.basis)
+    if cfg.basis == "identity":
+        sides = {SIGNATURE_METHODS[m] for m in cfg.methods}
+        lens.precompute(
+            list(dictionaries.values()) + list(up_views.values()),
+            value_methods={m for s, m in sides if s == "value"},
+            key_methods={m for s, m in sides if s == "key"},
+        )
     evaluation = cfg.evaluation()
-    # Signatures of every dictionary on every rank, in one order: a signature may still compute operators (the
-    # up-projection key's, in its feature basis), and the engine's all-reduce needs every rank to make the same calls.
+    # Signatures of every dictionary on every rank, in one order: a signature may still compute operators (all of
+    # them in the feature basis; the up-projection key's in any case), and the engine's all-reduce needs every rank
+    # to make the same calls.
     signature_ids = {}
     for label, dictionary in dictionaries.items():
         features = chosen[label]
@@ -206,6 +218,7 @@ def evaluate_table1(
             up = up_views[label]
             signature_ids[label]["LL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="logit_lens").top_ids
             signature_ids[label]["QL_KEY_UP"] = lens.key_signatures(up, features, k=cfg.k, method="full").top_ids
+    seconds["operators_s"] = time.perf_counter() - start - seconds["contexts_s"]  # operators and signatures
     parts, resumed = {}, []
     for label in mine:
         dictionary, features, methods = dictionaries[label], chosen[label], signature_ids[label]
@@ -263,10 +276,10 @@ def _part_fingerprint(
 ) -> str:
     """Hash of everything one dictionary's evaluation depends on: the model and the dictionary (weights and config),
     the features, their signatures by every method (so the operators enter through what they produced, and the
-    engine's options, which change only speed and memory, do not), the evaluation corpus, prompts and the protocol's
+    engine's options and the basis, which change only speed, memory and rounding, do not), the evaluation corpus, prompts and the protocol's
     options. Where files are kept does not enter."""
     options = dataclasses.asdict(cfg)
-    for name in ("checkpoint_dir", "engine"):
+    for name in ("checkpoint_dir", "engine", "basis"):
         options.pop(name)
     record = {
         "label": str(label),
