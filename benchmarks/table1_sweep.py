@@ -11,11 +11,11 @@ them from that base (``base``), keeping the others:
   cell's corpus, as the protocol asks, so these cells also draw their own features; the others share base's;
 - prompts × generated tokens: 20 × 20 and 100 × 20 (the six neutral prompts of the package, then the neutral
   openers of :func:`sweep_prompts`);
-- operator corpus (train split of the embedded corpus): 512 and 4,096 tokens, in fp32 and with the operator sweeps
-  under bf16 autocast (``*-bf16``; ``base-bf16`` is base's 64 tokens, so it measures what bf16 alone changes).
-  ``ops-512``, ``ops-4096`` and ``ops-4096-bf16`` push only the sampled features' directions through the engine
-  (``Table1Config.basis="features"``) instead of computing full operators; ``base-features`` is base in that basis,
-  so it measures what the basis alone changes.
+- operator corpus (train split of the embedded corpus): 512, 4,096 and 16,384 tokens in fp32, and 64, 512 and 4,096
+  with the operator sweeps under bf16 autocast (``*-bf16``; ``base-bf16`` is base's 64 tokens, so it measures what
+  bf16 alone changes). ``ops-512``, ``ops-4096``, ``ops-16384`` and ``ops-4096-bf16`` push only the sampled
+  features' directions through the engine (``Table1Config.basis="features"``) instead of computing full operators;
+  ``base-features`` is base in that basis, so it measures what the basis alone changes.
 
 Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell); inside a
 cell, each layer's scores are kept under ``<out>/cells/<cell>/parts`` as that layer finishes and the operators of a
@@ -114,6 +114,7 @@ FACTORS: dict[str, list[tuple[str, dict[str, Any], str]]] = {
     "ops": [
         ("ops-512", {"op_seqs": 16, "basis": "features"}, "512"),
         ("ops-4096", {"op_seqs": 128, "basis": "features"}, "4,096"),
+        ("ops-16384", {"op_seqs": 512, "basis": "features"}, "16,384"),
     ],
     # the same operator corpora swept under bf16 autocast (about 2x faster on this CPU); base-bf16 against base
     # measures what bf16 alone changes
