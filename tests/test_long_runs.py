@@ -146,6 +146,7 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
         ("base", tiny),
         ("ops-512", sweep.dataclasses.replace(tiny, op_seqs=4)),
         ("base-bf16", bf16),
+        ("base-features", sweep.dataclasses.replace(tiny, basis="features")),
     ):
         cells.record_cell(out, name, {}, lambda f, s=settings: sweep.compute_cell(s, f, model=word_model))
     record = cells.load_cells(out)["base"]
@@ -185,6 +186,10 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     bf16_row = next(line for line in table.splitlines() if line.startswith("| base-bf16 |")).strip("| ").split(" | ")
     assert bf16_row[1 + ll_key] == "1.00 (0)"
     assert (out / "plot_ops_bf16.svg").exists()
+    # the feature basis: base's signatures and scores from the sampled directions only
+    features_row = next(line for line in table.splitlines() if line.startswith("| base-features |"))
+    assert features_row.strip("| ").split(" | ")[1:] == ["1.00 (0)"] * len(saved.methods)
+    assert SignatureEvaluation.load(out / "cells" / "base-features" / "evaluation").config["basis"] == "features"
     # A report on another machine: only ops-512 re-measured there, base read from the first report's records.
     other_out = tmp_path / "elsewhere"
     shutil.copytree(out / "cells" / "ops-512", other_out / "cells" / "ops-512")
@@ -192,7 +197,7 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     shutil.copy(out / "table1_sweep.json", records)
     again = sweep.report(other_out, records)
     assert again.splitlines()[:5] == text.splitlines()[:5]  # the same rows, base's from the records
-    assert f"Read from {records}" in again and again.rstrip().endswith(": base, base-bf16")
+    assert f"Read from {records}" in again and again.rstrip().endswith(": base, base-bf16, base-features")
     assert "Signatures against base's" not in again  # base's saved evaluation is not on that machine
     assert json.loads((other_out / "table1_sweep.json").read_text())["base"]["records_file"] == str(records)
     with pytest.raises(SystemExit, match="no such file"):
