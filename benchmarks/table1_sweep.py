@@ -347,9 +347,11 @@ def factor_series(
     return labels, series
 
 
-def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
-    """Markdown: per cell that scores base's features, each method's mean top-k Jaccard with base's signatures and,
-    in brackets, how many features' input score changed. Empty when base is not done or no cell shares its features.
+def signature_overlap(out: Path, cells: dict[str, dict[str, Any]], pairs: list[tuple[str, str]] | None = None) -> str:
+    """Markdown: per (cell, reference) pair that scores the same features (default: every cell against base), each
+    method's mean top-k Jaccard with the reference's signatures and, in brackets, how many features' input score
+    changed. Pairs whose cells are not saved here (read from a records file) or draw other features are left out;
+    empty when none is left. A row is named by its cell, and by its reference too where that is not base.
 
     A cell with other operators can keep a score while its signatures change (and the reverse): this reads the
     signatures themselves. Methods that do not read the varied factor are a control (1.00, 0 changed).
@@ -358,33 +360,35 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]]) -> str:
     from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 
     def saved(name: str) -> bool:  # cells read from a records file have no saved evaluation here
-        return (_cells.cell_dir(out, name) / "evaluation").is_dir()
+        return name in cells and (_cells.cell_dir(out, name) / "evaluation").is_dir()
 
-    if "base" not in cells or not saved("base"):
-        return ""
-    same = [
-        n
-        for n, c in cells.items()
-        if n != "base" and saved(n) and c["result"]["features"] == cells["base"]["result"]["features"]
+    if pairs is None:
+        pairs = [(n, "base") for n in cells if n != "base"]
+    pairs = [
+        (n, r)
+        for n, r in pairs
+        if saved(n) and saved(r) and cells[n]["result"]["features"] == cells[r]["result"]["features"]
     ]
-    if not same:
+    if not pairs:
         return ""
-    ref = SignatureEvaluation.load(_cells.cell_dir(out, "base") / "evaluation")
+    loaded = {n: SignatureEvaluation.load(_cells.cell_dir(out, n) / "evaluation") for pair in pairs for n in pair}
+    columns = loaded[pairs[0][1]].methods
     lines = []
-    for name in same:
-        ev = SignatureEvaluation.load(_cells.cell_dir(out, name) / "evaluation")
+    for name, reference in pairs:
+        ev, ref = loaded[name], loaded[reference]
         parts = []
-        for m, method in enumerate(ref.methods):
-            if method not in ev.methods:
+        for method in columns:
+            if method not in ev.methods or method not in ref.methods:
                 parts.append("—")
                 continue
-            e = ev.methods.index(method)
+            e, m = ev.methods.index(method), ref.methods.index(method)
             sims = row_jaccard(ev.signature_ids[e], ref.signature_ids[m])  # the -1 padding left out
             changed = int((ev.input_scores[e] != ref.input_scores[m]).sum())
             parts.append(f"{sims.mean().item():.2f} ({changed})")
-        lines.append(f"| {name} | " + " | ".join(parts) + " |")
-    head = "| cell | " + " | ".join(ref.methods) + " |"
-    return "\n".join([head, "|" + "---|" * (len(ref.methods) + 1), *lines])
+        label = name if reference == "base" else f"{name} against {reference}"
+        lines.append(f"| {label} | " + " | ".join(parts) + " |")
+    head = "| cell | " + " | ".join(columns) + " |"
+    return "\n".join([head, "|" + "---|" * (len(columns) + 1), *lines])
 
 
 def report(out: Path, records: Path | None = None, base: SweepSettings | None = None) -> str:
@@ -402,6 +406,13 @@ def report(out: Path, records: Path | None = None, base: SweepSettings | None = 
         text += (
             "\n\nSignatures against base's (same features): mean top-k Jaccard per method, and in brackets how many "
             "features' input score changed\n\n" + overlap
+        )
+    chain = ["base"] + [name for name, _, _ in FACTORS["ops"]]
+    successive = signature_overlap(out, cells, list(zip(chain[1:], chain[:-1], strict=True)))
+    if successive:
+        text += (
+            "\n\nSignatures between successive operator corpora (fp32; whether they settle as the corpus grows): "
+            "mean top-k Jaccard per method, and in brackets how many features' input score changed\n\n" + successive
         )
     for factor in FACTORS:
         labels, series = factor_series(cells, factor)

@@ -117,6 +117,21 @@ def word_model(monkeypatch):
     return model
 
 
+def overlap_by_sets(ev, ref) -> list[str]:
+    """Reference for the sweep's signature tables: per method, the mean Jaccard of the two cells' top-k id sets
+    (padding ids < 0 left out) and how many input scores differ, formatted as the report prints them."""
+    cells = []
+    for m, method in enumerate(ref.methods):
+        e = ev.methods.index(method)
+        sims = []
+        for a, b in zip(ev.signature_ids[e].tolist(), ref.signature_ids[m].tolist(), strict=True):
+            sa, sb = {t for t in a if t >= 0}, {t for t in b if t >= 0}
+            sims.append(len(sa & sb) / len(sa | sb))
+        changed = sum(x != y for x, y in zip(ev.input_scores[e].tolist(), ref.input_scores[m].tolist(), strict=True))
+        cells.append(f"{sum(sims) / len(sims):.2f} ({changed})")
+    return cells
+
+
 def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     sweep = load("table1_sweep")
     cells = load("_cells")
@@ -147,6 +162,7 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
         ("ops-512", sweep.dataclasses.replace(tiny, op_seqs=4)),
         ("base-bf16", bf16),
         ("base-features", sweep.dataclasses.replace(tiny, basis="features")),
+        ("ops-4096", sweep.dataclasses.replace(tiny, op_seqs=8, basis="features")),
     ):
         cells.record_cell(out, name, {}, lambda f, s=settings: sweep.compute_cell(s, f, model=word_model))
     record = cells.load_cells(out)["base"]
@@ -162,20 +178,19 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     assert text.splitlines()[2].startswith("| base | 192 | 1 × 3 | 16 |")
     assert "| ops-512 |" in text and "| 32 |" in text
     svg = (out / "plot_ops.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<circle") == 2 * 2 * len(sweep.METHODS)  # 2 cells × in/out
+    assert svg.startswith("<svg") and svg.count("<circle") == 3 * 2 * len(sweep.METHODS)  # 3 cells × in/out
     assert (out / "plot_maxact.svg").exists()
     # Signatures against base's: ops-512 scores base's features; reference by sets, feature by feature.
     other = SignatureEvaluation.load(out / "cells" / "ops-512" / "evaluation")
     assert other.features.tolist() == saved.features.tolist()
     table = text.split("Signatures against base's")[1]
     row = next(line for line in table.splitlines() if line.startswith("| ops-512 |")).strip("| ").split(" | ")[1:]
-    for m, method in enumerate(saved.methods):
-        sims = []
-        for a, b in zip(other.signature_ids[m].tolist(), saved.signature_ids[m].tolist(), strict=True):
-            sa, sb = {t for t in a if t >= 0}, {t for t in b if t >= 0}
-            sims.append(len(sa & sb) / len(sa | sb))
-        changed = sum(x != y for x, y in zip(other.input_scores[m].tolist(), saved.input_scores[m].tolist()))
-        assert row[m] == f"{sum(sims) / len(sims):.2f} ({changed})", method
+    assert row == overlap_by_sets(other, saved)
+    # and between successive operator corpora: ops-4096 against ops-512
+    successive = text.split("Signatures between successive operator corpora")[1]
+    pair = next(line for line in successive.splitlines() if line.startswith("| ops-4096 against ops-512 |"))
+    larger = SignatureEvaluation.load(out / "cells" / "ops-4096" / "evaluation")
+    assert pair.strip("| ").split(" | ")[1:] == overlap_by_sets(larger, other)
     ll_key = saved.methods.index("LL_KEY")  # the logit lens does not read the operators: a control
     assert row[ll_key] == "1.00 (0)"
     # bf16 operator sweeps: operators swept under autocast, and only the operator-reading methods can differ
@@ -197,7 +212,7 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     shutil.copy(out / "table1_sweep.json", records)
     again = sweep.report(other_out, records)
     assert again.splitlines()[:5] == text.splitlines()[:5]  # the same rows, base's from the records
-    assert f"Read from {records}" in again and again.rstrip().endswith(": base, base-bf16, base-features")
+    assert f"Read from {records}" in again and again.rstrip().endswith(": base, ops-4096, base-bf16, base-features")
     assert "Signatures against base's" not in again  # base's saved evaluation is not on that machine
     assert json.loads((other_out / "table1_sweep.json").read_text())["base"]["records_file"] == str(records)
     with pytest.raises(SystemExit, match="no such file"):
