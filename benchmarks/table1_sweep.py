@@ -109,8 +109,8 @@ FACTORS: dict[str, list[tuple[str, dict[str, Any], str]]] = {
         ("prompts-20x20", {"n_prompts": 20, "n_generate": 20}, "20 × 20"),
         ("prompts-100x20", {"n_prompts": 100, "n_generate": 20}, "100 × 20"),
     ],
-    # the larger operator corpora in the feature basis (the full operators of 4,096 tokens took ~2.6 h per cell
-    # in bf16 with two ranks); base-features against base measures what the basis alone changes
+    # the larger operator corpora in the feature basis (the full operators of 4,096 tokens were timed at ~2.5 h of
+    # sweeps in bf16 with two ranks); base-features against base measures what the basis alone changes
     "ops": [
         ("ops-512", {"op_seqs": 16, "basis": "features"}, "512"),
         ("ops-4096", {"op_seqs": 128, "basis": "features"}, "4,096"),

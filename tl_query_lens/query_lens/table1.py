@@ -276,8 +276,8 @@ def _part_fingerprint(
 ) -> str:
     """Hash of everything one dictionary's evaluation depends on: the model and the dictionary (weights and config),
     the features, their signatures by every method (so the operators enter through what they produced, and the
-    engine's options and the basis, which change only speed, memory and rounding, do not), the evaluation corpus, prompts and the protocol's
-    options. Where files are kept does not enter."""
+    engine's options and the basis, which change only speed, memory and rounding, do not), the evaluation corpus,
+    prompts and the protocol's options. Where files are kept does not enter."""
     options = dataclasses.asdict(cfg)
     for name in ("checkpoint_dir", "engine", "basis"):
         options.pop(name)
