@@ -347,19 +347,14 @@ def factor_series(
     return labels, series
 
 
-def signature_overlap(out: Path, cells: dict[str, dict[str, Any]], pairs: list[tuple[str, str]] | None = None) -> str:
-    """Markdown: per (cell, reference) pair that scores the same features (default: every cell against base), each
-    method's mean top-k Jaccard with the reference's signatures and, in brackets, how many features' input score
-    changed. Pairs whose cells are not saved here (read from a records file) or draw other features are left out;
-    empty when none is left. A row is named by its cell, and by its reference too where that is not base.
-
-    A cell with other operators can keep a score while its signatures change (and the reverse): this reads the
-    signatures themselves. Methods that do not read the varied factor are a control (1.00, 0 changed).
-    """
-    from tl_query_lens.primitives import row_jaccard
+def _same_feature_pairs(
+    out: Path, cells: dict[str, dict[str, Any]], pairs: list[tuple[str, str]] | None
+) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """The (cell, reference) pairs (default: every cell against base) whose two cells are saved under ``out`` (a cell
+    read from a records file has no saved evaluation here) and score the same features, with their evaluations."""
     from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 
-    def saved(name: str) -> bool:  # cells read from a records file have no saved evaluation here
+    def saved(name: str) -> bool:
         return name in cells and (_cells.cell_dir(out, name) / "evaluation").is_dir()
 
     if pairs is None:
@@ -369,26 +364,76 @@ def signature_overlap(out: Path, cells: dict[str, dict[str, Any]], pairs: list[t
         for n, r in pairs
         if saved(n) and saved(r) and cells[n]["result"]["features"] == cells[r]["result"]["features"]
     ]
-    if not pairs:
-        return ""
     loaded = {n: SignatureEvaluation.load(_cells.cell_dir(out, n) / "evaluation") for pair in pairs for n in pair}
+    return pairs, loaded
+
+
+def _pair_table(pairs: list[tuple[str, str]], loaded: dict[str, Any], entry) -> str:
+    """Markdown with one row per pair and one column per method of the first reference; ``entry(ev, e, ref, m)``
+    formats one method (index ``e`` in the cell's evaluation, ``m`` in the reference's); "—" where one lacks it.
+    A row is named by its cell, and by its reference too where that is not base."""
     columns = loaded[pairs[0][1]].methods
     lines = []
     for name, reference in pairs:
         ev, ref = loaded[name], loaded[reference]
-        parts = []
-        for method in columns:
-            if method not in ev.methods or method not in ref.methods:
-                parts.append("—")
-                continue
-            e, m = ev.methods.index(method), ref.methods.index(method)
-            sims = row_jaccard(ev.signature_ids[e], ref.signature_ids[m])  # the -1 padding left out
-            changed = int((ev.input_scores[e] != ref.input_scores[m]).sum())
-            parts.append(f"{sims.mean().item():.2f} ({changed})")
+        parts = [
+            entry(ev, ev.methods.index(method), ref, ref.methods.index(method))
+            if method in ev.methods and method in ref.methods
+            else "—"
+            for method in columns
+        ]
         label = name if reference == "base" else f"{name} against {reference}"
         lines.append(f"| {label} | " + " | ".join(parts) + " |")
     head = "| cell | " + " | ".join(columns) + " |"
     return "\n".join([head, "|" + "---|" * (len(columns) + 1), *lines])
+
+
+def signature_overlap(out: Path, cells: dict[str, dict[str, Any]], pairs: list[tuple[str, str]] | None = None) -> str:
+    """Markdown: per (cell, reference) pair that scores the same features (default: every cell against base), each
+    method's mean top-k Jaccard with the reference's signatures and, in brackets, how many features' input score
+    changed. Pairs whose cells are not saved here (read from a records file) or draw other features are left out;
+    empty when none is left.
+
+    A cell with other operators can keep a score while its signatures change (and the reverse): this reads the
+    signatures themselves. Methods that do not read the varied factor are a control (1.00, 0 changed).
+    """
+    from tl_query_lens.primitives import row_jaccard
+
+    pairs, loaded = _same_feature_pairs(out, cells, pairs)
+    if not pairs:
+        return ""
+
+    def entry(ev, e: int, ref, m: int) -> str:
+        sims = row_jaccard(ev.signature_ids[e], ref.signature_ids[m])  # the -1 padding left out
+        changed = int((ev.input_scores[e] != ref.input_scores[m]).sum())
+        return f"{sims.mean().item():.2f} ({changed})"
+
+    return _pair_table(pairs, loaded, entry)
+
+
+def score_change(out: Path, cells: dict[str, dict[str, Any]], pairs: list[tuple[str, str]] | None = None) -> str:
+    """Markdown: per (cell, reference) pair that scores the same features (pairs as :func:`signature_overlap`), each
+    method's mean per-feature change of the input / output score (output at the first KL target), in points, with
+    a paired percentile-bootstrap 95 % CI over features (one set of resamples for every cell and method).
+
+    Two cells' own intervals overlap far more easily than their paired difference crosses zero: this is the test
+    of whether a factor moves a score on the same features.
+    """
+    from tl_query_lens.primitives import bootstrap_indices, mean_ci
+
+    pairs, loaded = _same_feature_pairs(out, cells, pairs)
+    if not pairs:
+        return ""
+    idx = bootstrap_indices(len(loaded[pairs[0][1]].features))
+
+    def entry(ev, e: int, ref, m: int) -> str:
+        sides = []
+        for diff in (ev.input_scores[e] - ref.input_scores[m], ev.output_scores[e, 0] - ref.output_scores[m, 0]):
+            ci = {k: round(v, 2) + 0.0 for k, v in mean_ci("d", diff, idx).items()}  # + 0.0: no "-0.00"
+            sides.append(f"{ci['d']:+.2f} [{ci['d_lo']:+.2f}, {ci['d_hi']:+.2f}]")
+        return " / ".join(sides)
+
+    return _pair_table(pairs, loaded, entry)
 
 
 def report(out: Path, records: Path | None = None, base: SweepSettings | None = None) -> str:
@@ -408,11 +453,20 @@ def report(out: Path, records: Path | None = None, base: SweepSettings | None = 
             "features' input score changed\n\n" + overlap
         )
     chain = ["base"] + [name for name, _, _ in FACTORS["ops"]]
-    successive = signature_overlap(out, cells, list(zip(chain[1:], chain[:-1], strict=True)))
+    steps = list(zip(chain[1:], chain[:-1], strict=True))
+    successive = signature_overlap(out, cells, steps)
     if successive:
         text += (
             "\n\nSignatures between successive operator corpora (fp32; whether they settle as the corpus grows): "
             "mean top-k Jaccard per method, and in brackets how many features' input score changed\n\n" + successive
+        )
+    against_base = [(n, "base") for n in cells if n != "base"]
+    change = score_change(out, cells, against_base + [p for p in steps if p[1] != "base"])
+    if change:
+        text += (
+            "\n\nScore change on the same features, paired: mean per-feature difference of the input / output "
+            "score in points (output at the first KL target), with a paired 95 % bootstrap interval over features\n\n"
+            + change
         )
     for factor in FACTORS:
         labels, series = factor_series(cells, factor)

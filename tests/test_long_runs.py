@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -205,6 +206,22 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
     features_row = next(line for line in table.splitlines() if line.startswith("| base-features |"))
     assert features_row.strip("| ").split(" | ")[1:] == ["1.00 (0)"] * len(saved.methods)
     assert SignatureEvaluation.load(out / "cells" / "base-features" / "evaluation").config["basis"] == "features"
+    # Paired score changes: the mean per-feature difference, against a plain mean of the saved scores' differences.
+    change = text.split("Score change on the same features, paired")[1].splitlines()
+    for label, ev, ref in (("ops-512", other, saved), ("ops-4096 against ops-512", larger, other)):
+        row = next(line for line in change if line.startswith(f"| {label} |")).strip("| ").split(" | ")[1:]
+        for m, method in enumerate(ref.methods):
+            e = ev.methods.index(method)
+            for side, (a, b) in enumerate(
+                ((ev.input_scores[e], ref.input_scores[m]), (ev.output_scores[e, 0], ref.output_scores[m, 0]))
+            ):
+                diffs = [100 * (x - y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+                mean, lo, hi = (float(v) for v in re.findall(r"[-+]\d+\.\d+", row[m].split(" / ")[side]))
+                assert mean == pytest.approx(sum(diffs) / len(diffs), abs=0.006)
+                assert min(diffs) - 0.006 <= lo <= mean <= hi <= max(diffs) + 0.006
+    zero = "+0.00 [+0.00, +0.00] / +0.00 [+0.00, +0.00]"
+    features_change = next(line for line in change if line.startswith("| base-features |"))
+    assert features_change.strip("| ").split(" | ")[1:] == [zero] * len(saved.methods)
     # A report on another machine: only ops-512 re-measured there, base read from the first report's records.
     other_out = tmp_path / "elsewhere"
     shutil.copytree(out / "cells" / "ops-512", other_out / "cells" / "ops-512")
