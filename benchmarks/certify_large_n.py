@@ -6,9 +6,11 @@ documents of the embedded evaluation split, against the paper's N = 10k. The 'br
 can grow to 10k. Each cell is one dictionary family (``saes``: the four residual SAEs of ``tlql-saes-smollm2-135m``;
 ``ffkv``: FF-KV TopK-64 of the same layers) at one N and one calibration size (the pool G* is built from ``n_cal``
 calibration windows, cut from the broad corpus' calibration split); the ``cal128`` cells read whether the depth
-effect (which layer certifies) changes with the pool. Whether it changes with N is read from the N = 5,000 cells
-themselves: their first 1,000 and 2,500 windows are a uniform draw of that many distinct documents, so the report
-adds rows at those N (``<cell>@N1000``), rebuilt from the saved per-window losses (``ProtocolCertification.at_n``).
+effect (which layer certifies) changes with the pool; ``saes-L24-Nall-cal512`` certifies the deepest SAE alone on
+every eligible document, the check of its closed-form N* (the one layer that does not certify at N = 5,000). Whether
+the depth effect changes with N is read from the cells themselves: the first n windows of a cell are a uniform draw
+of n distinct documents, so the report adds rows at n = 1,000 / 2,500 / 5,000 below the cell's own N
+(``<cell>@N1000``), rebuilt from the saved per-window losses (``ProtocolCertification.at_n``).
 The N = 5,000 cells are the ``full`` size of ``tlql reproduce``'s ``certify_broad_*`` experiments (the same call,
 ``certify_sources``).
 
@@ -42,7 +44,7 @@ import _cells
 from tl_query_lens.reproduce.experiments import BROAD_FAMILIES as FAMILIES
 from tl_query_lens.reproduce.experiments import SUITE_LAYERS as LAYERS
 
-PREFIXES = (1000, 2500)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
+PREFIXES = (1000, 2500, 5000)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
 
 
 @dataclass
@@ -79,6 +81,10 @@ def _cells_table() -> dict[str, dict[str, Any]]:
         for n in (5000, None):  # N = 1,000 and 2,500: prefixes of these (report)
             cells[f"{family}-N{n or 'all'}-cal512"] = {"dictionary": spec, "n_eval": n, "n_cal": 512}
         cells[f"{family}-N5000-cal128"] = {"dictionary": spec, "n_eval": 5000, "n_cal": 128}
+    # The deepest SAE alone at every document: the one layer that does not certify at N = 5,000, whose closed-form
+    # N* (5,662 there) predicts it does by N = 10k; a check of that extrapolation at ~1/3 of saes-Nall's cost.
+    deepest = FAMILIES["saes"].split(",")[-1]
+    cells[f"saes-L{LAYERS[-1]}-Nall-cal512"] = {"dictionary": deepest, "n_eval": None, "n_cal": 512}
     return cells
 
 
