@@ -78,7 +78,7 @@ class CertifySettings:
 def _cells_table() -> dict[str, dict[str, Any]]:
     cells: dict[str, dict[str, Any]] = {}
     for family, spec in FAMILIES.items():
-        for n in (5000, None):  # N = 1,000 and 2,500: prefixes of these (report)
+        for n in (5000, None):  # smaller N (PREFIXES): read from the first windows of these (report)
             cells[f"{family}-N{n or 'all'}-cal512"] = {"dictionary": spec, "n_eval": n, "n_cal": 512}
         cells[f"{family}-N5000-cal128"] = {"dictionary": spec, "n_eval": 5000, "n_cal": 128}
     # The deepest SAE alone at every document: the one layer that does not certify at N = 5,000, whose closed-form
