@@ -3,7 +3,8 @@
 A run is a list of named cells. Each cell runs in its own Python process (``<script> --run-cell NAME <options>``),
 so its peak memory is its own (``ru_maxrss`` of that process) and a crash or a kill loses only that cell. A cell is
 done when ``<out>/cells/<NAME>/cell.json`` exists: it is written atomically at the end, with the cell's settings,
-result, the exact command, wall time, peak RSS, thread count and the machine's load average at start and end.
+result, the command (relative to the repository, ``tl_query_lens.paths.relative_command``: no machine path goes
+into a record kept in docs/), wall time, CPU time, peak RSS, thread count and the load average at start and end.
 Running the script again skips the done cells, so an interrupted run resumes where it stopped. A report can merge
 the records of cells measured elsewhere (``load_cells(records=...)``: the JSON a report wrote, kept in docs/), so
 re-measuring one cell on a new machine does not mean re-measuring all of them.
@@ -23,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from tl_query_lens.paths import relative_command
 
 CELL_FILE = "cell.json"
 
@@ -75,7 +78,7 @@ def record_cell(
         "name": name,
         "settings": settings,
         "result": result,
-        "command": shlex.join([*_launcher(len(ranks)), *sys.argv]),
+        "command": relative_command([*_launcher(len(ranks)), *sys.argv]),
         "started_utc": started,
         "finished_utc": _now(),
         "wall_s": time.perf_counter() - start,
@@ -108,7 +111,9 @@ def run_cells(
     ``nproc`` > 1 launches each cell with ``torchrun --standalone --nproc_per_node nproc`` instead of python."""
     failed = []
     Path(out).mkdir(parents=True, exist_ok=True)
-    _write_json(Path(out) / "run.json", {"command": shlex.join([sys.executable, *sys.argv]), "started_utc": _now()})
+    _write_json(
+        Path(out) / "run.json", {"command": relative_command([sys.executable, *sys.argv]), "started_utc": _now()}
+    )
     for name in names:
         if is_done(out, name):
             log(f"{name}: done before, skipped")
@@ -170,6 +175,8 @@ def load_cells(
     for n in names:
         if is_done(out, n):
             cells[n] = json.loads((root / n / CELL_FILE).read_text(encoding="utf-8"))
+            if isinstance(cells[n].get("command"), str):  # a cell recorded before commands were kept relative
+                cells[n]["command"] = relative_command(shlex.split(cells[n]["command"]))
         elif n in earlier:
             cells[n] = earlier[n]
     return cells
@@ -219,4 +226,7 @@ def run_then_report(
 def merged_note(cells: dict[str, dict[str, Any]], records: str | Path | None, out: str | Path) -> str:
     """The report's line naming the cells read from ``records`` (none: empty)."""
     merged = [n for n, c in cells.items() if "records_file" in c]
-    return f"\n\nRead from {records} (measured earlier, not under {out}): {', '.join(merged)}" if merged else ""
+    if not merged:
+        return ""
+    where, here = relative_command([str(records)]), relative_command([str(out)])
+    return f"\n\nRead from {where} (measured earlier, not under {here}): {', '.join(merged)}"

@@ -1,8 +1,8 @@
 """Build an atlas and report its time per stage, features per minute and size (raw and gzip) per feature.
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_atlas.py --quick --out /tmp/atlas-quick
-    python benchmarks/bench_atlas.py --out /tmp/atlas-full                      # the default atlas (long)
-    python benchmarks/bench_atlas.py --dictionary tlql-saes-smollm2-135m:blocks.12.transcoder --out /tmp/atlas-tc
+    OMP_NUM_THREADS=2 python benchmarks/bench_atlas.py --quick --out results/atlas-quick
+    python benchmarks/bench_atlas.py --out results/atlas-full                      # the default atlas (long)
+    python benchmarks/bench_atlas.py --dictionary tlql-saes-smollm2-135m:blocks.12.transcoder --out results/atlas-tc
 
 The output folder is emptied first unless --resume is given.
 """

@@ -1,7 +1,7 @@
 """Search time in Chromium at the full atlas' scale: an atlas's search index replicated to N features, then queries
 timed in the page (``ATLAS.runSearch``), plus the time to load index.html with that index.
 
-    python benchmarks/bench_atlas_search.py /tmp/atlas-quick --features 85000 --queries ' the,def,return,ing,Paris'
+    python benchmarks/bench_atlas_search.py results/atlas-quick --features 85000 --queries ' the,def,return,ing,Paris'
 
 The replicated index keeps the real atlas's token keys and posting lists and repeats them for as many dictionaries
 as it takes to reach ``--features``: the number of postings grows with the features, the number of distinct keys

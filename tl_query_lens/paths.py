@@ -10,6 +10,7 @@
   interruption the temporary file is removed and the old file (if any) is untouched; ``OSError`` becomes a
   :class:`~tl_query_lens.errors.WriteError` that names the path and the fix.
 - :func:`folder_lock`: one writer per output folder; a second concurrent run is refused with the first one's pid.
+- :func:`relative_command`: a command line as a record stores it, with no path of the machine it ran on.
 
 This module imports nothing heavy (the command line uses it before torch is loaded).
 """
@@ -20,6 +21,8 @@ import contextlib
 import hashlib
 import os
 import re
+import shlex
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -219,3 +222,44 @@ def check_folder(path: str | Path, what: str = "--out") -> Path:
     if top in (("/", "proc"), ("/", "sys")):
         raise InputError(f"{what} {folder} is under /{top[1]}, which holds no files of ours; choose another folder.")
     return folder
+
+
+def _repository_root() -> Path:
+    """The folder that holds the package's source tree (the repository root of a checkout)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def relative_command(argv: Iterable[str], *, root: str | Path | None = None) -> str:
+    """``argv`` as one shell-quoted line that names no path of this machine, for records kept in the repository.
+
+    A Python interpreter (``sys.executable``, a virtual environment's ``bin/python``) becomes ``python`` and any
+    other program in a ``bin`` folder its bare name (``torchrun``); a path
+    inside ``root`` (default: the repository) becomes relative to it, as does one inside another checkout of it (from
+    the first component that names a top-level folder of ``root``, such as ``benchmarks``); any other absolute path becomes
+    ``results/<its last component>``, the folder a reader's own run would use (``--out /scratch/x`` is recorded as
+    ``--out results/x``). Both forms ``--flag PATH`` and ``--flag=PATH`` are rewritten.
+    """
+    base = Path(root).resolve() if root is not None else _repository_root()
+    executable = Path(sys.executable).name
+
+    def one(arg: str) -> str:
+        if "=" in arg and arg.startswith("-"):
+            flag, _, value = arg.partition("=")
+            return f"{flag}={one(value)}"
+        if not arg.startswith("/"):
+            return arg
+        path = Path(arg)
+        if path.name == executable or re.fullmatch(r"python[0-9.]*", path.name):
+            return "python"
+        if path.parent.name == "bin":  # a console script of an environment (torchrun, tlql)
+            return path.name
+        with contextlib.suppress(ValueError):
+            return path.resolve().relative_to(base).as_posix() or "."
+        tops = {p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")}
+        parts = path.parts
+        for i, part in enumerate(parts[1:], 1):  # another checkout of the repository: from its top-level folder on
+            if part in tops and part != "results":
+                return Path(*parts[i:]).as_posix()
+        return f"results/{path.name}" if path.name else "results"
+
+    return shlex.join(one(a) for a in argv)

@@ -9,7 +9,7 @@ time (cached on disk, A and B interleaved), so the lenses at 64 / 256 / 1,024 po
 both definitions are evaluated on the package's prompt bank and written to ``--out``.
 
 Run (from the repository root):
-  OMP_NUM_THREADS=1 python docs/scripts/cross_lens_paper.py --out results/cross_lens_paper --cache /tmp/cl_ops
+  OMP_NUM_THREADS=1 python docs/scripts/cross_lens_paper.py --out results/cross_lens_paper --cache results/cl_ops
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=80)
     parser.add_argument("--skip", type=int, default=16)
     parser.add_argument("--layers", default=None, help="mid band (default: mid_band_layers)")
-    parser.add_argument("--cache", default="/tmp/cl_ops")
+    parser.add_argument("--cache", default="results/cl_ops")
     parser.add_argument(
         "--fit-max-seconds",
         type=float,

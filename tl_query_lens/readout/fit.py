@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
+from tl_query_lens.paths import relative_command
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
 from tl_query_lens.readout.sae import (
@@ -259,7 +260,7 @@ def fit_provenance(cfg: ReadoutFitConfig, device: torch.device, tokens: torch.Te
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "corpus_fingerprint": corpus_fingerprint(tokens) if tokens is not None else None,
         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
+        "command": relative_command(sys.argv) if sys.argv and sys.argv[0] else None,
         "config": asdict(cfg),
     }
 
