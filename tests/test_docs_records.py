@@ -75,3 +75,65 @@ def test_cell_records_name_relative_commands(name: str) -> None:
         command = record["command"]
         assert command.split()[0] in {"python", "torchrun"}, (cell, command)
         assert "benchmarks/" in command and not MACHINE_PATH.search(command), (cell, command)
+
+
+def _doc_records():
+    """docs/scripts/doc_records.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_records", ROOT / "docs" / "scripts" / "doc_records.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_tables_and_headlines_match_records() -> None:
+    """Every marked table renders from its records to what the docs hold, and every listed headline is there."""
+    problems = _doc_records().problems()
+    assert not problems, "\n".join(problems) + "\n(fix the prose, or run python docs/scripts/doc_records.py --write)"
+
+
+def test_rendered_sweep_row_reads_the_record() -> None:
+    """The base row of the sweep table carries the record's QL_KEY input mean and interval, read here directly."""
+    import json
+
+    rows = json.loads((ROOT / "docs" / "reproduction" / "table1_sweep.json").read_text(encoding="utf-8"))["base"]
+    ql_key = next(r for r in rows["result"]["rows"] if r["method"] == "QL_KEY")
+    want = f"{ql_key['input']:.2f} [{ql_key['input_lo']:.2f}, {ql_key['input_hi']:.2f}]"
+    rendered = _doc_records().TABLES["table1-sweep"]()
+    base = next(line for line in rendered.splitlines() if line.startswith("| `base` |"))
+    assert want in base, (want, base)
+    assert want in (ROOT / "docs" / "reproduction.md").read_text(encoding="utf-8")
+
+
+def test_check_fails_when_a_record_or_the_prose_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed record makes its table and its headlines differ; a changed prose number is caught too."""
+    import json
+    import shutil
+
+    mod = _doc_records()
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs" / "reproduction", docs / "reproduction")
+    for path in (ROOT / "docs").glob("*.md"):
+        shutil.copy(path, docs / path.name)
+    monkeypatch.setattr(mod, "DOCS", docs)
+    monkeypatch.setattr(mod, "RECORDS", docs / "reproduction")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    (tmp_path / "tl_query_lens" / "reproduce").mkdir(parents=True)
+    shutil.copy(ROOT / "tl_query_lens" / "reproduce" / "documented.json", tmp_path / "tl_query_lens" / "reproduce")
+    assert mod.problems() == []
+
+    sweep = docs / "reproduction" / "table1_sweep_summary_only.json"
+    cells = json.loads(sweep.read_text(encoding="utf-8"))
+    next(r for r in cells["maxact-broad-262k"]["result"]["rows"] if r["method"] == "QL_KEY")["input"] = 29.5
+    sweep.write_text(json.dumps(cells), encoding="utf-8")
+    found = mod.problems()
+    assert any("table 'table1-sweep' differs" in p for p in found), found
+    assert any("table 'table1-sweep-summary-only' differs" in p for p in found), found
+    assert any("**29.50 % [20.77, 41.25]" in p for p in found), found
+
+    shutil.copy(ROOT / "docs" / "reproduction" / "table1_sweep_summary_only.json", sweep)
+    prose = docs / "query_lens_evaluation.md"
+    prose.write_text(prose.read_text(encoding="utf-8").replace("+7.31 pts [5.15, 9.69]", "+1.38 pts"), encoding="utf-8")
+    assert [p for p in mod.problems() if "query_lens_evaluation.md" in p]

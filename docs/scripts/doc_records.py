@@ -1,0 +1,395 @@
+"""The docs' run figures from their records: render the tables, check the inline headlines.
+
+Every table between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in docs/*.md is rendered here from the
+machine-readable records in docs/reproduction/ (and tl_query_lens/reproduce/documented.json); every entry of
+:data:`HEADLINES` is a phrase of the prose whose numbers are formatted here from a record and must appear verbatim.
+
+    python docs/scripts/doc_records.py           # check: list every table or headline that differs, exit 1 if any
+    python docs/scripts/doc_records.py --write   # rewrite the tables in place from the records
+
+tests/test_docs_records.py runs the check (no model, no torch). The script reads only json/csv; it computes
+nothing the records do not hold except means, ranges and differences of recorded values, which are what the prose
+quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "docs" / "reproduction"
+DOCS = ROOT / "docs"
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
+METHODS = ("LL_KEY", "LL_VALUE", "QL_KEY", "QL_VALUE")
+
+
+def _json(name: str) -> Any:
+    return json.loads((RECORDS / name).read_text(encoding="utf-8"))
+
+
+def _csv(name: str) -> list[dict[str, str]]:
+    return list(csv.DictReader((RECORDS / name).read_text(encoding="utf-8").splitlines()))
+
+
+def _documented() -> dict[str, dict[str, Any]]:
+    return json.loads((ROOT / "tl_query_lens" / "reproduce" / "documented.json").read_text(encoding="utf-8"))
+
+
+def _f(x: float | str, nd: int = 2) -> str:
+    return f"{float(x):.{nd}f}"
+
+
+def _ci(row: dict[str, Any], key: str) -> str:
+    return f"{_f(row[key])} [{_f(row[key + '_lo'])}, {_f(row[key + '_hi'])}]"
+
+
+# ---------------------------------------------------------------------------------------------------- records
+
+
+def sweep_cells() -> dict[str, dict[str, Any]]:
+    """Table 1 sweep cells: full cell records first, then the summary-only ones (cell files lost)."""
+    cells = {n: {**c, "record_kind": "cell record"} for n, c in _json("table1_sweep.json").items()}
+    for n, c in _json("table1_sweep_summary_only.json").items():
+        cells.setdefault(n, c)
+    return cells
+
+
+def _rows(cell: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["method"]: r for r in cell["result"]["rows"]}
+
+
+def reproduce_rows(kind: str) -> dict[str, dict[str, str]]:
+    return {r["id"]: r for r in _csv(f"reproduce_{kind}.csv")}
+
+
+def depth_n409() -> dict[str, list[dict[str, str]]]:
+    """Residual-SAE depth sweep at N = 409 (embedded split, 512-window pool): pre-release suite and shipped suite."""
+    pre = [
+        r
+        for f in ("certify_paper_depth_cal512_L6_L12.csv", "certify_paper_depth_cal512_L18_L24.csv")
+        for r in _csv(f)
+        if r["label"].startswith("sae")
+    ]
+    full = reproduce_rows("full")
+    shipped = [
+        {
+            "label": f"sae L{n}",
+            "bound_occam": full[f"cert.sae{n}.occam"]["value"],
+            "eta_hat": full[f"cert.sae{n}.eta"]["value"],
+        }
+        for n in (6, 12, 18, 24)
+    ]
+    return {"pre-release": pre, "shipped": shipped}
+
+
+# ----------------------------------------------------------------------------------------------------- tables
+
+TABLES: dict[str, Callable[[], str]] = {}
+
+
+def table(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+    def register(fn: Callable[[], str]) -> Callable[[], str]:
+        TABLES[name] = fn
+        return fn
+
+    return register
+
+
+_SWEEP_ORDER = (
+    "base",
+    "maxact-broad-4k",
+    "maxact-embedded-all",
+    "maxact-broad-64k",
+    "maxact-broad-262k",
+    "prompts-20x20",
+    "prompts-100x20",
+    "base-features",
+    "ops-512",
+    "ops-4096",
+    "ops-16384",
+    "base-bf16",
+    "ops-512-bf16",
+    "ops-4096-bf16",
+)
+
+
+@table("table1-sweep")
+def _table1_sweep() -> str:
+    cells = sweep_cells()
+    names = [n for n in _SWEEP_ORDER if n in cells] + sorted(set(cells) - set(_SWEEP_ORDER))
+    head = "| cell | max-act tokens (corpus) | prompts × tokens | operator tokens | LL_KEY | LL_VALUE | QL_KEY | QL_VALUE | record |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        c, res = cells[n], cells[n]["result"]
+        rows = _rows(c)
+        kind = "docstrings" if c["settings"]["maxact_corpus"] == "embedded" else "prose"
+        scores = [
+            f"{_ci(rows[m], 'input')} / {_f(rows[m]['output@0.25'])}"
+            if m.endswith("KEY")
+            else f"{_f(rows[m]['input'])} / {_ci(rows[m], 'output@0.25')}"
+            for m in METHODS
+        ]
+        record = (
+            f"cell ({c['wall_s'] / 60:.0f} min wall, {c['cpu_s'] / 60:.0f} min CPU, {c.get('ranks', 1)} rank(s))"
+            if c["record_kind"] == "cell record"
+            else f"**summary only**, no per-feature record ({c['wall']} wall)"
+        )
+        lines.append(
+            f"| `{n}` | {res['maxact_tokens']:,} ({kind}) | {res['n_prompts']} × {res['n_generate']} | "
+            f"{res['op_tokens']:,} | " + " | ".join(scores) + f" | {record} |"
+        )
+    paper = cells["base"]["result"]["paper"]
+    lines.append(
+        "| paper (GPT-2 small, SAE features) | — | 100 × 20 | ~32k | "
+        + " | ".join(f"{paper[m][0]} / {paper[m][1]}" for m in METHODS)
+        + " | the paper's Table 1 |"
+    )
+    return "\n".join(lines)
+
+
+@table("table1-sweep-summary-only")
+def _table1_sweep_summary_only() -> str:
+    """The summary-only cells in the layout of the sweep report (docs/reproduction/table1_sweep.md)."""
+    lines = [
+        "| cell | max-act tokens | prompts × tokens | operator tokens | LL_KEY | LL_VALUE | QL_KEY | QL_VALUE | wall |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, c in _json("table1_sweep_summary_only.json").items():
+        res, rows = c["result"], _rows(c)
+        scores = " | ".join(f"{_ci(rows[m], 'input')} / {_ci(rows[m], 'output@0.25')}" for m in METHODS)
+        lines.append(
+            f"| {n} | {res['maxact_tokens']:,} | {res['n_prompts']} × {res['n_generate']} | {res['op_tokens']:,} | "
+            f"{scores} | {c['wall']} |"
+        )
+    return "\n".join(lines)
+
+
+@table("table1-headline")
+def _table1_headline() -> str:
+    """The three Table-1 runs under the paper's protocol on 52 residual-SAE features, and which one is the headline."""
+    pre = {r["method"]: r for r in _csv("table1_paper_saes.csv")}
+    full = reproduce_rows("full")
+    base = _rows(sweep_cells()["base"])
+
+    def rep(key: str) -> str:
+        r = full[key]
+        return f"{_f(r['value'])} [{_f(r['value_lo'])}, {_f(r['value_hi'])}]"
+
+    lines = [
+        "| run | suite | corpus of the 4,096 max-activating and 64 operator tokens | QL_KEY input | LL_KEY input | QL_VALUE output | LL_VALUE output | status |",
+        "|---|---|---|---|---|---|---|---|",
+        (
+            f"| `tlql reproduce`, experiment `table1_saes` (`docs/reproduction/reproduce_full.csv`) | shipped | `stdlib` "
+            f"(evaluation / train split) | {rep('table1.ql_key.input')} | {rep('table1.ll_key.input')} | "
+            f"{rep('table1.ql_value.output')} | {rep('table1.ll_value.output')} | **headline** |"
+        ),
+        (
+            f"| sweep cell `base` (`docs/reproduction/table1_sweep.json`) | shipped | `embedded` (evaluation / "
+            f"train split) | {_ci(base['QL_KEY'], 'input')} | {_ci(base['LL_KEY'], 'input')} | {_ci(base['QL_VALUE'], 'output@0.25')} "
+            f"| {_ci(base['LL_VALUE'], 'output@0.25')} | reference point of the §4.2 sweep |"
+        ),
+        (
+            f"| §3 run (`docs/reproduction/table1_paper_saes.csv`) | pre-release (fp32, 2026-12-03) | "
+            f"`embedded` (evaluation / train split) | {_ci(pre['QL_KEY'], 'input')} | {_ci(pre['LL_KEY'], 'input')} | "
+            f"{_ci(pre['QL_VALUE'], 'output@0.25')} | {_ci(pre['LL_VALUE'], 'output@0.25')} | superseded (other dictionaries) |"
+        ),
+    ]
+    return "\n".join(lines)
+
+
+@table("readout-fit-spread")
+def _readout_fit_spread() -> str:
+    rec = _json("readout_fit_spread.json")
+    fits = rec["fits"]
+    order = ["s0-t1", "s0-t2", "s1-t1", "s2-t1"]
+    best = _json("readout_1000step_both_protocols.json")["paper"]
+    base_cov = best["coverage_baselines"][best["best_baseline"]]
+    rows = [
+        ("rowEV", "row_ev", 3),
+        ("top-1 agreement (paper protocol)", "top1", 3),
+        ("coverage (paper protocol)", "coverage", 3),
+        ("ρ₀ median", "rho0_median", 3),
+        ("ablation R² (through origin, top-10)", "ablation_r2", 3),
+        ("ablation slope", "ablation_slope", 2),
+        ("cross-lens agreement (prompts of 80)", "cross_lens_of_80", 0),
+        ("cross-lens, own top-1 definition", "cross_lens_own_top1", 3),
+        ("dead features", "dead_fraction", 3),
+        ("fit wall time (s)", "fit_wall_s", 0),
+    ]
+    lines = ["| headline | " + " | ".join(order) + " | mean | range |", "|---|" + "---|" * (len(order) + 2)]
+    for label, key, nd in rows:
+        vals = [fits[c][key] for c in order]
+        lines.append(
+            f"| {label} | " + " | ".join(_f(v, nd) for v in vals) + f" | {_f(mean(vals), nd)} | "
+            f"{_f(min(vals), nd)} – {_f(max(vals), nd)} |"
+        )
+    margins = [100 * (fits[c]["coverage"] - base_cov) for c in order]
+    lines.append(
+        f"| margin over the best baseline (points; coverage − {base_cov:.3f}) | "
+        + " | ".join(f"{m:+.1f}" for m in margins)
+        + f" | {mean(margins):+.1f} | {min(margins):+.1f} – {max(margins):+.1f} |"
+    )
+    return "\n".join(lines)
+
+
+@table("reproduce-rows")
+def _reproduce_rows() -> str:
+    doc = _documented()
+    lines = [
+        (
+            "| size | rows in the run's table (`docs/reproduction/reproduce_<size>.csv`) | documented rows "
+            "(`tl_query_lens/reproduce/documented.json`) | rows added after that run, recorded by subset runs |"
+        ),
+        "|---|---|---|---|",
+    ]
+    for kind in ("quick", "full"):
+        ran = reproduce_rows(kind)
+        extra = sorted(set(doc[kind]) - set(ran))
+        groups = sorted({e.split(".")[0] for e in extra})
+        shown = ", ".join(f"`{g}` ({sum(e.startswith(g + '.') for e in extra)})" for g in groups) or "none"
+        lines.append(f"| {kind} | {len(ran)} | {len(doc[kind])} | {len(extra)}: {shown} |")
+    return "\n".join(lines)
+
+
+@table("depth-n409")
+def _depth_n409() -> str:
+    d = depth_n409()
+    lines = [
+        (
+            "| suite (N = 409 documents, 512-window pool) | Occam bound, bits: L6 / L12 / L18 / L24 | η̂ | certify "
+            "(< log₂\\|V\\| = 15.58) | record |"
+        ),
+        "|---|---|---|---|---|",
+    ]
+    for suite, record in (
+        ("shipped (`tlql-saes-smollm2-135m`)", "`docs/reproduction/reproduce_full.csv` (`cert.sae*`)"),
+        ("pre-release (fp32, 2026-12-03)", "`docs/reproduction/certify_paper_depth_cal512_*.csv`"),
+    ):
+        rows = d["shipped" if suite.startswith("shipped") else "pre-release"]
+        occ = [float(r["bound_occam"]) for r in rows]
+        eta = [float(r["eta_hat"]) for r in rows]
+        ok = [r["label"].split()[1] for r, o in zip(rows, occ) if o < 15.58496]
+        lines.append(
+            f"| {suite} | {' / '.join(_f(o) for o in occ)} | {' / '.join(_f(e, 3) for e in eta)} | "
+            f"{', '.join(ok) or 'none'} | {record} |"
+        )
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------------- headlines
+
+
+def _headlines() -> list[tuple[str, str]]:
+    """(doc, phrase) pairs: each phrase, formatted from a record, must appear verbatim in the doc."""
+    full = reproduce_rows("full")
+    cells = sweep_cells()
+    sp = _json("readout_fit_spread.json")["fits"]
+    paper = _json("readout_1000step_both_protocols.json")["paper"]
+    d = depth_n409()
+    ffkv = {r["label"]: r for r in _csv("certify_paper_ffkv_L24.csv")}["ffkv L24"]
+
+    def v(key: str, nd: int = 2) -> str:
+        return _f(full[key]["value"], nd)
+
+    def cellv(name: str, method: str, key: str, nd: int = 2) -> str:
+        return _f(_rows(cells[name])[method][key], nd)
+
+    def rng(key: str, nd: int = 3) -> str:
+        vals = [f[key] for f in sp.values()]
+        return f"{_f(min(vals), nd)}–{_f(max(vals), nd)}"
+
+    shipped = " / ".join(_f(r["bound_occam"]) for r in d["shipped"])
+    pre = ", ".join(_f(r["bound_occam"]) for r in d["pre-release"][:3])
+    margins = [100 * (f["coverage"] - paper["coverage_baselines"][paper["best_baseline"]]) for f in sp.values()]
+    top_in, top_lo, top_hi = (cellv("maxact-broad-262k", "QL_KEY", k) for k in ("input", "input_lo", "input_hi"))
+    n_cells = len(cells)
+    n_full = len(_json("table1_sweep.json"))
+    return [
+        ("reproduction.md", f"Occam **{shipped}** bits"),
+        ("reproduction.md", f"Occam {pre} < 15.58 bits"),
+        ("certification.md", f"Occam {shipped} bits"),
+        ("reproduction.md", f"**Occam {_f(ffkv['bound_occam'])} < 15.58 bits"),
+        ("reproduction.md", f"QL_KEY input **{_f(float(full['table1.ql_key.input']['value']), 1)} %**"),
+        ("reproduction.md", f"top-1 {v('readout.top1', 3)}, coverage **{v('readout.coverage', 3)}**"),
+        (
+            "reproduction.md",
+            f"margin over\n  the best baseline **{float(full['readout.margin']['value']):+.1f} points**",
+        ),
+        ("reproduction.md", f"**{_f(paper['top1'], 3)}** (512 final-layer states)"),
+        (
+            "reproduction.md",
+            f"**{100 * paper['margin_over_best_baseline']:+.1f} points**: SAE {_f(paper['coverage'], 3)}",
+        ),
+        ("reproduction.md", f"coverage ranges over {rng('coverage')}"),
+        ("reproduction.md", f"ablation R² over {rng('ablation_r2')}"),
+        ("reproduction.md", f"top-1 over {rng('top1')}"),
+        ("reproduction.md", f"slope {rng('ablation_slope', 2)} in every fit"),
+        ("reproduction.md", f"margin over the best baseline {min(margins):+.1f} to {max(margins):+.1f} points"),
+        ("reproduction.md", f"{n_cells} cells, {n_full} with a full cell record"),
+        ("reproduction.md", f"**{top_in} % [{top_lo}, {top_hi}]"),
+        ("reproduction.md", f"QL_VALUE output {cellv('base', 'QL_VALUE', 'output@0.25', 1)} % at 2 × 10"),
+        (
+            "query_lens_evaluation.md",
+            "(paired difference +7.31 pts [5.15, 9.69] at KL 0.25,\n  +5.08 pts [3.31, 7.15] at KL 0.5)",
+        ),
+    ]
+
+
+HEADLINES: Callable[[], list[tuple[str, str]]] = _headlines
+
+
+# -------------------------------------------------------------------------------------------------- the check
+
+
+def _docs() -> list[Path]:
+    return sorted(DOCS.glob("*.md")) + sorted(RECORDS.glob("*.md"))
+
+
+def render(text: str) -> str:
+    """``text`` with every marked table rendered anew from the records (an unknown name raises KeyError)."""
+    return BLOCK.sub(lambda m: f"{m[1]}{TABLES[m['name']]()}\n{m[4]}", text)
+
+
+def problems() -> list[str]:
+    """What differs between docs/*.md and the records: one line per table or headline phrase."""
+    out = []
+    for path in _docs():
+        text = path.read_text(encoding="utf-8")
+        for m in BLOCK.finditer(text):
+            if m["name"] not in TABLES:
+                out.append(
+                    f"{path.relative_to(ROOT)}: table {m['name']!r} has no renderer in docs/scripts/doc_records.py"
+                )
+            elif m["body"] != TABLES[m["name"]]() + "\n":
+                out.append(f"{path.relative_to(ROOT)}: table {m['name']!r} differs from its records (run with --write)")
+    for doc, phrase in HEADLINES():
+        if phrase not in (DOCS / doc).read_text(encoding="utf-8"):
+            out.append(f"docs/{doc}: headline not found as recorded: {phrase!r}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the marked tables from the records")
+    args = parser.parse_args(argv)
+    if args.write:
+        for path in _docs():
+            text = path.read_text(encoding="utf-8")
+            new = render(text)
+            if new != text:
+                path.write_text(new, encoding="utf-8")
+    found = problems()
+    print("\n".join(found) if found else "every table and headline matches its records")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
