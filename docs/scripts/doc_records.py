@@ -315,6 +315,17 @@ def _headlines() -> list[tuple[str, str]]:
     top_in, top_lo, top_hi = (cellv("maxact-broad-262k", "QL_KEY", k) for k in ("input", "input_lo", "input_hi"))
     n_cells = len(cells)
     n_full = len(_json("table1_sweep.json"))
+    l24 = _json("certify_large_n.json")["saes-L24-Nall-cal512"]["result"]["rows"][0]
+    summary = _json("certify_large_n_summary_only.json")
+
+    def large_n(cell: str, key: str, nd: int = 2, sep: str = "") -> str:
+        vals = [r[key] for r in summary[cell]["rows"]]
+        if nd == 0 and sep:
+            return " / ".join(f"{float(x):,.0f}" for x in vals)
+        if nd == 0 and len(set(vals)) == 1:
+            return f"{float(vals[0]):g}"
+        return " / ".join(_f(x, nd) for x in vals)
+
     pre128 = {r["label"].split()[1]: r for r in _csv("certify_paper_depth.csv") if r["label"].startswith("sae")}
     cl = _json("cross_lens_paper_summary.json")
     mixed = _json("readout_1000step_both_protocols.json")["mixed_layers"]
@@ -402,6 +413,34 @@ def _headlines() -> list[tuple[str, str]]:
             "reproduction.md",
             f"(**{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25', 1)} % [{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_lo', 1)}, "
             f"{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_hi', 1)}]**)",
+        ),
+        # §4.3 certification at large N on 'broad' (summary-only cells and the L24 cell record)
+        (
+            "reproduction.md",
+            f"| **{large_n('saes-N5000-cal512', 'bound_occam')}** | **L6, L12, L18** | "
+            f"{large_n('saes-N5000-cal512', 'N_star_occam', 0, ',')} |",
+        ),
+        (
+            "reproduction.md",
+            f"| {large_n('saes-N5000-cal512', 'eta_hat', 3)} | {large_n('saes-N5000-cal512', 'R_hat')} |",
+        ),
+        (
+            "reproduction.md",
+            f"| **{large_n('saes-N5000-cal128', 'eta_hat', 3)}** | {large_n('saes-N5000-cal128', 'bound_occam')} |",
+        ),
+        (
+            "reproduction.md",
+            f"| {large_n('ffkv-N5000-cal512', 'eta_hat', 0)} | {large_n('ffkv-N5000-cal512', 'R_hat')} |",
+        ),
+        (
+            "reproduction.md",
+            f"(η̂ {large_n('ffkv-N5000-cal128', 'eta_hat', 3).split(' / ')[2]}, Occam "
+            f"{large_n('ffkv-N5000-cal128', 'bound_occam').split(' / ')[2]})",
+        ),
+        (
+            "reproduction.md",
+            f"| **{l24['N']:,}** (every eligible document) | same pool | {_f(l24['eta_hat'], 3)} | "
+            f"{_f(l24['R_hat'])} | {_f(l24['eps_hat'], 3)} | **{_f(l24['bound_occam'])}** |",
         ),
         # no record: the paired differences of docs/query_lens_evaluation.md §2 quoted as its own list gives them
         (
