@@ -367,8 +367,10 @@ def _headlines() -> list[tuple[str, str]]:
         ),
         (
             "query_lens_evaluation.md",
-            f"(QL_KEY {ql('ql_key.input')} vs LL_KEY {_f(full['table1.ll_key.input']['value'], 1)} % input, "
-            f"QL_VALUE {ql('ql_value.output')} vs LL_VALUE {ql('ll_value.output')} output",
+            (
+                f"(QL_KEY {ql('ql_key.input')} vs LL_KEY {_f(full['table1.ll_key.input']['value'], 1)} % input, "
+                f"QL_VALUE {ql('ql_value.output')} vs LL_VALUE {ql('ll_value.output')} output"
+            ),
         ),
         # §2 readout, the 1000-step dictionary
         ("reproduction.md", f"**{_f(paper['top1'], 3)}** (512 final-layer states)"),
@@ -391,8 +393,10 @@ def _headlines() -> list[tuple[str, str]]:
         # §3 Table 1 (pre-release suite)
         (
             "reproduction.md",
-            f"| QL_KEY | 39.32 / 1.97 | **{_f(saes['QL_KEY']['input'])}** [{_f(saes['QL_KEY']['input_lo'])}, "
-            f"{_f(saes['QL_KEY']['input_hi'])}] / {_f(saes['QL_KEY']['output@0.25'])} |",
+            (
+                f"| QL_KEY | 39.32 / 1.97 | **{_f(saes['QL_KEY']['input'])}** [{_f(saes['QL_KEY']['input_lo'])}, "
+                f"{_f(saes['QL_KEY']['input_hi'])}] / {_f(saes['QL_KEY']['output@0.25'])} |"
+            ),
         ),
         # §4.1 the four fits
         ("reproduction.md", f"coverage ranges over {rng('coverage')}"),
@@ -406,19 +410,25 @@ def _headlines() -> list[tuple[str, str]]:
         ("reproduction.md", f"QL_VALUE output {cellv('base', 'QL_VALUE', 'output@0.25', 1)} % at 2 × 10"),
         (
             "reproduction.md",
-            f"**{cellv('ops-16384', 'QL_KEY', 'input', 1)} % [{cellv('ops-16384', 'QL_KEY', 'input_lo', 1)}, "
-            f"{cellv('ops-16384', 'QL_KEY', 'input_hi', 1)}]**",
+            (
+                f"**{cellv('ops-16384', 'QL_KEY', 'input', 1)} % [{cellv('ops-16384', 'QL_KEY', 'input_lo', 1)}, "
+                f"{cellv('ops-16384', 'QL_KEY', 'input_hi', 1)}]**"
+            ),
         ),
         (
             "reproduction.md",
-            f"(**{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25', 1)} % [{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_lo', 1)}, "
-            f"{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_hi', 1)}]**)",
+            (
+                f"(**{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25', 1)} % [{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_lo', 1)}, "
+                f"{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_hi', 1)}]**)"
+            ),
         ),
         # §4.3 certification at large N on 'broad' (summary-only cells and the L24 cell record)
         (
             "reproduction.md",
-            f"| **{large_n('saes-N5000-cal512', 'bound_occam')}** | **L6, L12, L18** | "
-            f"{large_n('saes-N5000-cal512', 'N_star_occam', 0, ',')} |",
+            (
+                f"| **{large_n('saes-N5000-cal512', 'bound_occam')}** | **L6, L12, L18** | "
+                f"{large_n('saes-N5000-cal512', 'N_star_occam', 0, ',')} |"
+            ),
         ),
         (
             "reproduction.md",
@@ -434,13 +444,17 @@ def _headlines() -> list[tuple[str, str]]:
         ),
         (
             "reproduction.md",
-            f"(η̂ {large_n('ffkv-N5000-cal128', 'eta_hat', 3).split(' / ')[2]}, Occam "
-            f"{large_n('ffkv-N5000-cal128', 'bound_occam').split(' / ')[2]})",
+            (
+                f"(η̂ {large_n('ffkv-N5000-cal128', 'eta_hat', 3).split(' / ')[2]}, Occam "
+                f"{large_n('ffkv-N5000-cal128', 'bound_occam').split(' / ')[2]})"
+            ),
         ),
         (
             "reproduction.md",
-            f"| **{l24['N']:,}** (every eligible document) | same pool | {_f(l24['eta_hat'], 3)} | "
-            f"{_f(l24['R_hat'])} | {_f(l24['eps_hat'], 3)} | **{_f(l24['bound_occam'])}** |",
+            (
+                f"| **{l24['N']:,}** (every eligible document) | same pool | {_f(l24['eta_hat'], 3)} | "
+                f"{_f(l24['R_hat'])} | {_f(l24['eps_hat'], 3)} | **{_f(l24['bound_occam'])}** |"
+            ),
         ),
         # no record: the paired differences of docs/query_lens_evaluation.md §2 quoted as its own list gives them
         (
