@@ -2,7 +2,7 @@
 
 Every table between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in docs/*.md is rendered here from the
 machine-readable records in docs/reproduction/ (and tl_query_lens/reproduce/documented.json); every entry of
-:data:`HEADLINES` is a phrase of the prose whose numbers are formatted here from a record and must appear verbatim.
+:func:`headlines` is a phrase of the prose whose numbers are formatted here from a record and must appear verbatim.
 
     python docs/scripts/doc_records.py           # check: list every table or headline that differs, exit 1 if any
     python docs/scripts/doc_records.py --write   # rewrite the tables in place from the records
@@ -36,12 +36,8 @@ def _json(name: str) -> Any:
     return json.loads((RECORDS / name).read_text(encoding="utf-8"))
 
 
-def _csv(name: str) -> list[dict[str, str]]:
-    return list(csv.DictReader((RECORDS / name).read_text(encoding="utf-8").splitlines()))
-
-
-def _documented() -> dict[str, dict[str, Any]]:
-    return json.loads((ROOT / "tl_query_lens" / "reproduce" / "documented.json").read_text(encoding="utf-8"))
+def _csv(name: str, folder: Path | None = None) -> list[dict[str, str]]:
+    return list(csv.DictReader(((folder or RECORDS) / name).read_text(encoding="utf-8").splitlines()))
 
 
 def _f(x: float | str, nd: int = 2) -> str:
@@ -79,12 +75,9 @@ def depth_n409() -> dict[str, list[dict[str, str]]]:
         if r["label"].startswith("sae")
     ]
     full = reproduce_rows("full")
+    keys = {"bound_occam": "occam", "eta_hat": "eta"}
     shipped = [
-        {
-            "label": f"sae L{n}",
-            "bound_occam": full[f"cert.sae{n}.occam"]["value"],
-            "eta_hat": full[f"cert.sae{n}.eta"]["value"],
-        }
+        {"label": f"sae L{n}", **{k: full[f"cert.sae{n}.{v}"]["value"] for k, v in keys.items()}}
         for n in (6, 12, 18, 24)
     ]
     return {"pre-release": pre, "shipped": shipped}
@@ -224,7 +217,7 @@ def _readout_fit_spread() -> str:
 
 @table("reproduce-rows")
 def _reproduce_rows() -> str:
-    doc = _documented()
+    doc = json.loads((ROOT / "tl_query_lens" / "reproduce" / "documented.json").read_text(encoding="utf-8"))
     lines = [
         (
             "| size | rows in the run's table (`docs/reproduction/reproduce_<size>.csv`) | documented rows "
@@ -239,6 +232,23 @@ def _reproduce_rows() -> str:
         shown = ", ".join(f"`{g}` ({sum(e.startswith(g + '.') for e in extra)})" for g in groups) or "none"
         lines.append(f"| {kind} | {len(ran)} | {len(doc[kind])} | {len(extra)}: {shown} |")
     return "\n".join(lines)
+
+
+@table("certificates-n1000")
+def _certificates_n1000() -> str:
+    """docs/certification.md's N = 1000 sweep, in the layout docs/certification_tables.py prints."""
+    rows = _csv("certificates.csv", DOCS / "certification")
+    cols = [c for c in rows[0] if c not in ("hook", "baseline_bits")]
+
+    def cell(col: str, value: str) -> str:
+        try:
+            x = float(value)
+        except ValueError:
+            return value
+        return value if col in ("N", "P", "m") else f"{x:.3f}" if abs(x) < 1e4 else f"{x:.3g}"
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(cell(c, r[c]) for c in cols) + " |" for r in rows])
 
 
 @table("depth-n409")
@@ -266,7 +276,7 @@ def _depth_n409() -> str:
     return "\n".join(lines)
 
 
-def _headlines() -> dict[str, list[str]]:
+def headlines() -> dict[str, list[str]]:
     """Per doc, the phrases formatted from the records that must appear in it verbatim."""
     full = reproduce_rows("full")
     cells = sweep_cells()
@@ -396,9 +406,6 @@ def mixed_r2(mixed: dict[str, Any]) -> float:
     return float(found[1])
 
 
-HEADLINES: Callable[[], dict[str, list[str]]] = _headlines
-
-
 def _docs() -> list[Path]:
     return sorted(DOCS.glob("*.md")) + sorted(RECORDS.glob("*.md"))
 
@@ -414,13 +421,12 @@ def problems() -> list[str]:
     for path in _docs():
         text = path.read_text(encoding="utf-8")
         for m in BLOCK.finditer(text):
+            where = f"{path.relative_to(ROOT)}: table {m['name']!r}"
             if m["name"] not in TABLES:
-                out.append(
-                    f"{path.relative_to(ROOT)}: table {m['name']!r} has no renderer in docs/scripts/doc_records.py"
-                )
+                out.append(f"{where} has no renderer in docs/scripts/doc_records.py")
             elif m["body"] != TABLES[m["name"]]() + "\n":
-                out.append(f"{path.relative_to(ROOT)}: table {m['name']!r} differs from its records (run with --write)")
-    for doc, phrases in HEADLINES().items():
+                out.append(f"{where} differs from its records (run with --write)")
+    for doc, phrases in headlines().items():
         text = (DOCS / doc).read_text(encoding="utf-8")
         out += [f"docs/{doc}: headline not found as recorded: {p!r}" for p in phrases if p not in text]
     return out
@@ -432,10 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.write:
         for path in _docs():
-            text = path.read_text(encoding="utf-8")
-            new = render(text)
-            if new != text:
-                path.write_text(new, encoding="utf-8")
+            path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
     found = problems()
     print("\n".join(found) if found else "every table and headline matches its records")
     return 1 if found else 0
