@@ -1,15 +1,14 @@
 """The docs' run figures from their records: render the tables, check the inline headlines.
 
-Every table between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in docs/*.md is rendered here from the
-machine-readable records in docs/reproduction/ (and tl_query_lens/reproduce/documented.json); every entry of
-:func:`headlines` is a phrase of the prose whose numbers are formatted here from a record and must appear verbatim.
+Every table between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in docs/ is rendered here from the records
+in docs/ (and tl_query_lens/reproduce/documented.json); :func:`headlines` lists phrases of the prose, formatted here
+from a record, that must appear verbatim.
 
     python docs/scripts/doc_records.py           # check: list every table or headline that differs, exit 1 if any
     python docs/scripts/doc_records.py --write   # rewrite the tables in place from the records
 
-tests/test_docs_records.py runs the check (no model, no torch). The script reads only json/csv; it computes
-nothing the records do not hold except means, ranges and differences of recorded values, which are what the prose
-quotes.
+tests/test_docs_records.py runs the check (no model). Beyond the records it computes only means, ranges, ratios
+and differences of recorded values, as the prose quotes them.
 """
 
 from __future__ import annotations
@@ -299,18 +298,11 @@ def headlines() -> dict[str, list[str]]:
     pre = ", ".join(_f(r["bound_occam"]) for r in d["pre-release"][:3])
     margins = [100 * (f["coverage"] - paper["coverage_baselines"][paper["best_baseline"]]) for f in sp.values()]
     top_in, top_lo, top_hi = (cellv("maxact-broad-262k", "QL_KEY", k) for k in ("input", "input_lo", "input_hi"))
-    n_cells = len(cells)
-    n_full = len(_json("table1_sweep.json"))
     l24 = _json("certify_large_n.json")["saes-L24-Nall-cal512"]["result"]["rows"][0]
     summary = _json("certify_large_n_summary_only.json")
 
-    def large_n(cell: str, key: str, nd: int = 2, sep: str = "") -> str:
-        vals = [r[key] for r in summary[cell]["rows"]]
-        if nd == 0 and sep:
-            return " / ".join(f"{float(x):,.0f}" for x in vals)
-        if nd == 0 and len(set(vals)) == 1:
-            return f"{float(vals[0]):g}"
-        return " / ".join(_f(x, nd) for x in vals)
+    def large_n(cell: str, key: str, nd: int = 2) -> str:
+        return " / ".join(f"{float(r[key]):,.0f}" if nd == 0 else _f(r[key], nd) for r in summary[cell]["rows"])
 
     pre128 = {r["label"].split()[1]: r for r in _csv("certify_paper_depth.csv") if r["label"].startswith("sae")}
     cl = _json("cross_lens_paper_summary.json")
@@ -320,11 +312,15 @@ def headlines() -> dict[str, list[str]]:
     def occ128(key: str) -> str:
         return " / ".join(_f(pre128[layer][key]) for layer in ("L6", "L12", "L18", "L24"))
 
+    def ratio(method: str, key: str, nd: int) -> str:
+        vals = [_rows(c)[method][key] for c in cells.values()]
+        paper = cells["base"]["result"]["paper"][method][0 if key == "input" else 1]
+        return f"{paper / max(vals):.0f}–{paper / min(vals):.0f}" if nd == 0 else f"{_f(min(vals))}–{_f(max(vals))}"
+
     def ql(method: str) -> str:
         return f"{_f(full[f'table1.{method}']['value'], 1)} %"
 
-    large = ("saes-N5000-cal512", "saes-N5000-cal128", "ffkv-N5000-cal512", "ffkv-N5000-cal128")
-    s512, s128, f512, f128 = large
+    s512, s128, f512, f128 = (f"{kind}-N5000-cal{n}" for kind in ("saes", "ffkv") for n in (512, 128))
     return {
         "reproduction.md": [
             # §1 certification: FF-KV L24 and the depth sweep (pre-release and shipped suites)
@@ -362,7 +358,7 @@ def headlines() -> dict[str, list[str]]:
             f"slope {rng('ablation_slope', 2)} in every fit",
             f"margin over the best baseline {min(margins):+.1f} to {max(margins):+.1f} points",
             # §4.2 the sweep
-            f"{n_cells} cells, {n_full} with a full cell record",
+            f"{len(cells)} cells, {len(_json('table1_sweep.json'))} with a full cell record",
             f"**{top_in} % [{top_lo}, {top_hi}]",
             f"QL_VALUE output {cellv('base', 'QL_VALUE', 'output@0.25', 1)} % at 2 × 10",
             (
@@ -374,11 +370,13 @@ def headlines() -> dict[str, list[str]]:
                 f"[{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_lo', 1)}, "
                 f"{cellv('prompts-100x20', 'QL_VALUE', 'output@0.25_hi', 1)}]**)"
             ),
+            f"LL_KEY input {ratio('LL_KEY', 'input', 0)}× below: {ratio('LL_KEY', 'input', 2)} % against",
+            f"LL_VALUE output {ratio('LL_VALUE', 'output@0.25', 0)}× below: {ratio('LL_VALUE', 'output@0.25', 2)} % against",
             # §4.3 certification at large N on 'broad' (summary-only cells and the L24 cell record)
-            f"| **{large_n(s512, 'bound_occam')}** | **L6, L12, L18** | {large_n(s512, 'N_star_occam', 0, ',')} |",
+            f"| **{large_n(s512, 'bound_occam')}** | **L6, L12, L18** | {large_n(s512, 'N_star_occam', 0)} |",
             f"| {large_n(s512, 'eta_hat', 3)} | {large_n(s512, 'R_hat')} |",
             f"| **{large_n(s128, 'eta_hat', 3)}** | {large_n(s128, 'bound_occam')} |",
-            f"| {large_n(f512, 'eta_hat', 0)} | {large_n(f512, 'R_hat')} |",
+            f"| {_f(max(r['eta_hat'] for r in summary[f512]['rows']), 0)} | {large_n(f512, 'R_hat')} |",
             f"(η̂ {large_n(f128, 'eta_hat', 3).split(' / ')[2]}, Occam {large_n(f128, 'bound_occam').split(' / ')[2]})",
             (
                 f"| **{l24['N']:,}** (every eligible document) | same pool | {_f(l24['eta_hat'], 3)} | "
