@@ -233,10 +233,10 @@ def relative_command(argv: Iterable[str], *, root: str | Path | None = None) -> 
     """``argv`` as one shell-quoted line that names no path of this machine, for records kept in the repository.
 
     A Python interpreter (``sys.executable``, a virtual environment's ``bin/python``) becomes ``python`` and any
-    other program in a ``bin`` folder its bare name (``torchrun``); a path
-    inside ``root`` (default: the repository) becomes relative to it, as does one inside another checkout of it (from
-    the first component that names a top-level folder of ``root``, such as ``benchmarks``); any other absolute path becomes
-    ``results/<its last component>``, the folder a reader's own run would use (``--out /scratch/x`` is recorded as
+    other program in a ``bin`` folder its bare name (``torchrun``). A path inside ``root`` (default: the repository)
+    becomes relative to it, as does one inside another checkout of it (from the first component that names a
+    top-level folder of ``root``, such as ``benchmarks``). Any other absolute path becomes ``results/<its last
+    component>``, the folder a reader's own run would use (``--out /data/runs/x`` is recorded as
     ``--out results/x``). Both forms ``--flag PATH`` and ``--flag=PATH`` are rewritten.
     """
     base = Path(root).resolve() if root is not None else _repository_root()
