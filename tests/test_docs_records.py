@@ -140,3 +140,16 @@ def test_check_fails_when_a_record_or_the_prose_changes(tmp_path: Path, monkeypa
     prose = docs / "query_lens_evaluation.md"
     prose.write_text(prose.read_text(encoding="utf-8").replace("+7.31 pts [5.15, 9.69]", "+1.38 pts"), encoding="utf-8")
     assert [p for p in mod.problems() if "query_lens_evaluation.md" in p]
+
+
+def test_summary_only_certificates_agree_with_the_documented_values() -> None:
+    """The recovered N = 5,000 certification rows (report table, two decimals) against the full-precision values
+    `tlql reproduce --record` stored for the same cells (documented.json, cert_broad.*): two records, one result."""
+    import json
+
+    summary = json.loads((ROOT / "docs" / "reproduction" / "certify_large_n_summary_only.json").read_text("utf-8"))
+    documented = json.loads((ROOT / "tl_query_lens" / "reproduce" / "documented.json").read_text("utf-8"))["full"]
+    for cell, kind in (("saes-N5000-cal512", "saes"), ("ffkv-N5000-cal512", "ffkv")):
+        for row, layer in zip(summary[cell]["rows"], (6, 12, 18, 24), strict=True):
+            assert row["bound_occam"] == round(documented[f"cert_broad.{kind}{layer}.occam"]["value"], 2)
+            assert row["eta_hat"] == round(documented[f"cert_broad.{kind}{layer}.eta"]["value"], 3)
