@@ -304,6 +304,7 @@ def headlines() -> dict[str, list[str]]:
     def large_n(cell: str, key: str, nd: int = 2) -> str:
         return " / ".join(f"{float(r[key]):,.0f}" if nd == 0 else _f(r[key], nd) for r in summary[cell]["rows"])
 
+    n250 = [_f(r["bound"]) for r in _csv("certificates_n250.csv", DOCS / "certification") if r["proxy"] == "real"]
     pre128 = {r["label"].split()[1]: r for r in _csv("certify_paper_depth.csv") if r["label"].startswith("sae")}
     cl = _json("cross_lens_paper_summary.json")
     mixed = _json("readout_1000step_both_protocols.json")["mixed_layers"]
@@ -383,7 +384,7 @@ def headlines() -> dict[str, list[str]]:
                 f"{_f(l24['R_hat'])} | {_f(l24['eps_hat'], 3)} | **{_f(l24['bound_occam'])}** |"
             ),
         ],
-        "certification.md": [f"Occam {shipped} bits"],
+        "certification.md": [f"Occam {shipped} bits", f"(U = {' / '.join(n250[:4])} /", f"does not (U = {n250[5]},"],
         "query_lens_evaluation.md": [
             (
                 f"(QL_KEY {ql('ql_key.input')} vs LL_KEY {_f(full['table1.ll_key.input']['value'], 1)} % input, "
