@@ -305,6 +305,9 @@ def headlines() -> dict[str, list[str]]:
         return " / ".join(f"{float(r[key]):,.0f}" if nd == 0 else _f(r[key], nd) for r in summary[cell]["rows"])
 
     n250 = [_f(r["bound"]) for r in _csv("certificates_n250.csv", DOCS / "certification") if r["proxy"] == "real"]
+    certs = _csv("certificates.csv", DOCS / "certification")
+    r_hat = [float(r["R_hat"]) for r in certs if r["label"].startswith("ffkv") and r["proxy"] == "real"]
+    n1000 = f"{_f(min(r_hat))}–{_f(max(r_hat))} bits"
     pre128 = {r["label"].split()[1]: r for r in _csv("certify_paper_depth.csv") if r["label"].startswith("sae")}
     cl = _json("cross_lens_paper_summary.json")
     mixed = _json("readout_1000step_both_protocols.json")["mixed_layers"]
@@ -346,7 +349,7 @@ def headlines() -> dict[str, list[str]]:
             f"**{cl['1024']['paper_agreement'] * 80:.0f} / 80 = {100 * cl['1024']['paper_agreement']:.0f} %**",
             f"(64: {_f(100 * cl['64']['paper_agreement'], 1)} %",
             f"same run, same lenses: {_f(cl['1024']['own_top1_agreement'], 3)} at 1,024 positions",
-            f"r² {_f(mixed_r2(mixed), 3)} (squared Pearson, top-3, 768 points)",
+            f"r² {_f(re.findall(r'r2=([0-9.]+)', mixed['ablation'])[0], 3)} (squared Pearson, top-3, 768 points)",
             # §3 Table 1 (pre-release suite)
             (
                 f"| QL_KEY | 39.32 / 1.97 | **{_f(saes['QL_KEY']['input'])}** [{_f(saes['QL_KEY']['input_lo'])}, "
@@ -384,7 +387,12 @@ def headlines() -> dict[str, list[str]]:
                 f"{_f(l24['R_hat'])} | {_f(l24['eps_hat'], 3)} | **{_f(l24['bound_occam'])}** |"
             ),
         ],
-        "certification.md": [f"Occam {shipped} bits", f"(U = {' / '.join(n250[:4])} /", f"does not (U = {n250[5]},"],
+        "certification.md": [
+            f"Occam {shipped} bits",
+            f"(U = {' / '.join(n250[:4])} /",
+            f"does not (U = {n250[5]},",
+            f"R̂ ≈ {n1000}",
+        ],
         "query_lens_evaluation.md": [
             (
                 f"(QL_KEY {ql('ql_key.input')} vs LL_KEY {_f(full['table1.ll_key.input']['value'], 1)} % input, "
@@ -396,13 +404,6 @@ def headlines() -> dict[str, list[str]]:
             "* output@0.5 QL_VALUE full - LL_VALUE: mean diff 5.08 pts [3.31, 7.15]",
         ],
     }
-
-
-def mixed_r2(mixed: dict[str, Any]) -> float:
-    """The squared Pearson r of the mixed-layers ablation (the record keeps the result objects' repr)."""
-    found = re.search(r"r2=([0-9.]+)", mixed["ablation"])
-    assert found, mixed["ablation"]
-    return float(found[1])
 
 
 def _docs() -> list[Path]:
