@@ -103,7 +103,7 @@ _SWEEP_ORDER = (  # by factor: base, max-activating corpus, prompts, operator co
 def _table1_sweep() -> str:
     cells = sweep_cells()
     names = [n for n in _SWEEP_ORDER if n in cells] + sorted(set(cells) - set(_SWEEP_ORDER))
-    head = "| cell | max-act tokens (corpus) | prompts × tokens | operator tokens | LL_KEY | LL_VALUE | QL_KEY | QL_VALUE | record |"
+    head = "| cell | max-act tokens (corpus) | prompts × tokens | operator tokens | LL_KEY | LL_VALUE | QL_KEY | QL_VALUE | record (1-min load average at start → end) |"
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         c, res = cells[n], cells[n]["result"]
@@ -116,7 +116,8 @@ def _table1_sweep() -> str:
             for m in METHODS
         ]
         record = (
-            f"cell ({c['wall_s'] / 60:.0f} min wall, {c['cpu_s'] / 60:.0f} min CPU, {c.get('ranks', 1)} rank(s))"
+            f"cell, {c['started_utc'][:10]}: {c['wall_s'] / 60:.0f} min wall, {c['cpu_s'] / 60:.0f} min CPU, "
+            f"{c.get('ranks', 1)} rank(s), load {c['loadavg_start'][0]:.1f} → {c['loadavg_end'][0]:.1f}"
             if c["record_kind"] == "cell record"
             else f"**summary only**, no per-feature record ({c['wall']} wall)"
         )
