@@ -137,7 +137,16 @@ def read_records(path: str | Path) -> dict[str, dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"--records {path}: no such file (give the JSON an earlier --report wrote)")
-    return {n: {"records_file": str(path), **r} for n, r in json.loads(path.read_text("utf-8")).items()}
+    records = {n: {"records_file": str(path), **r} for n, r in json.loads(path.read_text("utf-8")).items()}
+    for record in records.values():
+        _relative(record)
+    return records
+
+
+def _relative(record: dict[str, Any]) -> None:
+    """Rewrite a record's command in place without machine paths (records made before commands were kept so)."""
+    if isinstance(record.get("command"), str):
+        record["command"] = relative_command(shlex.split(record["command"]))
 
 
 def load_cells(
@@ -175,8 +184,7 @@ def load_cells(
     for n in names:
         if is_done(out, n):
             cells[n] = json.loads((root / n / CELL_FILE).read_text(encoding="utf-8"))
-            if isinstance(cells[n].get("command"), str):  # a cell recorded before commands were kept relative
-                cells[n]["command"] = relative_command(shlex.split(cells[n]["command"]))
+            _relative(cells[n])
         elif n in earlier:
             cells[n] = earlier[n]
     return cells

@@ -154,3 +154,21 @@ def test_summary_only_certificates_agree_with_the_documented_values() -> None:
         for row, layer in zip(summary[cell]["rows"], (6, 12, 18, 24), strict=True):
             assert row["bound_occam"] == round(documented[f"cert_broad.{kind}{layer}.occam"]["value"], 2)
             assert row["eta_hat"] == round(documented[f"cert_broad.{kind}{layer}.eta"]["value"], 3)
+
+
+def test_records_read_back_name_relative_commands(tmp_path: Path) -> None:
+    """A report merging earlier records (``--records``) stores their commands without machine paths, whatever the
+    machine that wrote them stored."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("cells_for_test", ROOT / "benchmarks" / "_cells.py")
+    assert spec is not None and spec.loader is not None
+    cells = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cells)
+    old = "/opt/venv/bin/python /elsewhere/benchmarks/table1_sweep.py --run-cell base --out /data/runs/table1_sweep"
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps({"base": {"command": old, "settings": {}}}), encoding="utf-8")
+    assert cells.read_records(path)["base"]["command"] == (
+        "python benchmarks/table1_sweep.py --run-cell base --out results/table1_sweep"
+    )
