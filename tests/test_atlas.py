@@ -17,6 +17,7 @@ from sae_lens.saes.sae import SAEMetadata
 from tests.helpers import tiny_model, tiny_readout, tiny_tokens
 from tl_query_lens import FFKV
 from tl_query_lens.atlas import AtlasConfig, build_atlas
+from tl_query_lens.atlas.cards import cantor
 from tl_query_lens.errors import InputError
 
 SEQ = 16
@@ -165,7 +166,7 @@ def test_an_added_dictionary_sweeps_no_operator_and_rewrites_no_other_export(tmp
     assert (result.shards_built, result.shards_reused) == (2, 4)
     assert {p: p.stat().st_mtime_ns for p in kept} == mtimes
     (added,) = [d["slug"] for d in result.dictionaries if d["slug"] not in ("1-ffkv", "2-ffkv")]
-    cards = list((out / "exports" / "circuit-tracer" / added).glob("*.json"))
+    cards = [p for p in (out / "exports" / "circuit-tracer" / added.split("-", 1)[1]).glob("*.json")]
     assert len(cards) == 64 and list((out / "exports" / "neuronpedia" / "v1").glob(f"*/{added}/features/*.gz"))
     for slug in ("1-ffkv", "2-ffkv", added):
         source = json.loads((out / "exports" / "neuronpedia" / "v1" / "custom" / slug / "source.jsonl").read_text())
@@ -258,7 +259,8 @@ def test_a_readout_dictionary_with_all_its_features_gets_the_signatures_its_hook
 
 def test_circuit_tracer_cards_have_the_frontend_schema(built):
     _, cfg, _, _, _ = built
-    card = json.loads((Path(cfg.out) / "exports" / "circuit-tracer" / "1-ffkv" / "5.json").read_text())
+    name = f"{cantor(1, 5)}.json"  # circuit-tracer's feature number of layer 1, feature 5
+    card = json.loads((Path(cfg.out) / "exports" / "circuit-tracer" / "ffkv" / name).read_text())
     # circuit-tracer's feature-card model: index, examples_quantiles[{quantile_name, examples[{tokens,
     # tokens_acts_list, train_token_ind, is_repeated_datapoint}]}], top/bottom_logits, act_min/max, quantile_values,
     # histogram, activation_frequency.

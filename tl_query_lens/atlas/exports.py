@@ -6,19 +6,18 @@ convention: weights only); one ``Activation`` row per context (the top contexts,
 with a ``binMin`` / ``binMax`` that holds them); the Query Lens signatures, key signatures, module shares, links and readout tokens in
 the ``query_lens`` extras. The source id is the atlas slug ``"{layer}-{set}"``.
 
-circuit-tracer (``exports/circuit-tracer/<slug>/<index>.json``): one feature card per feature in the schema its
-frontend reads (``index``, ``examples_quantiles``, ``top_logits``, ``bottom_logits``, ``act_min``, ``act_max``,
-``quantile_values``, ``histogram``, ``activation_frequency``, plus ``transcoder_id``).
+circuit-tracer (``exports/circuit-tracer/<set>/<cantor(layer, index)>.json``): one feature card per feature, in the
+layout and semantics of :mod:`tl_query_lens.atlas.cards`.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from tl_query_lens.atlas.cards import cantor, feature_card, place, uncantor
 from tl_query_lens.atlas.records import sig_round
 from tl_query_lens.atlas.site import read_shard
 from tl_query_lens.report.neuronpedia import (
@@ -104,35 +103,6 @@ def _extras(mid: str, source: str, feature: dict, strings: list[str]) -> dict[st
     }
 
 
-def feature_card(slug: str, feature: dict, strings: list[str]) -> dict[str, Any]:
-    """circuit-tracer's feature card of one feature."""
-    scale = feature["scale"] or 1.0
-
-    def example(ctx: dict) -> dict[str, Any]:
-        return {
-            "tokens": [strings[t] for t in ctx["t"]],
-            "tokens_acts_list": _context_values(ctx, scale),
-            "train_token_ind": int(ctx["m"]),
-            "is_repeated_datapoint": False,
-        }
-
-    quantiles = [{"quantile_name": "Top activations", "examples": [example(c) for c in feature["top"]]}]
-    quantiles += [{"quantile_name": b["name"], "examples": [example(c) for c in b["ex"]]} for b in feature["bands"]]
-    value = feature.get("sig", {}).get("QL_VALUE") or feature.get("sig", {}).get("LL_VALUE") or {}
-    return {
-        "transcoder_id": slug,
-        "index": int(feature["i"]),
-        "examples_quantiles": quantiles,
-        "top_logits": [strings[s] for s, _ in value.get("top", [])],
-        "bottom_logits": [strings[s] for s, _ in value.get("bottom", [])],
-        "act_min": feature["min"] if feature["min"] is not None else 0.0,
-        "act_max": feature["max"] if feature["max"] is not None else 0.0,
-        "quantile_values": [b["lo"] for b in feature["bands"]],
-        "histogram": [float(c) for c in feature["hist"]["counts"]],
-        "activation_frequency": feature["density"] or 0.0,
-    }
-
-
 def export_all(
     out: Path,
     model,
@@ -169,10 +139,12 @@ def export_all(
             except (json.JSONDecodeError, UnicodeDecodeError):
                 pass
         stamp_path.unlink(missing_ok=True)
-        cards = out / "exports" / "circuit-tracer" / e["slug"]
-        if cards.is_dir():
-            shutil.rmtree(cards)
-        cards.mkdir(parents=True)
+        set_name, layer = place(e["slug"]) or (e["slug"], 0)
+        cards = out / "exports" / "circuit-tracer" / set_name
+        cards.mkdir(parents=True, exist_ok=True)
+        for old in cards.glob("*.json"):  # this layer's cards of an earlier build
+            if old.stem.isdigit() and uncantor(int(old.stem))[0] == layer:
+                old.unlink()
         for start, *_ in e["shards"]:
             shard = read_shard(out, e["slug"], start)
             assert shard is not None, f"shard {start} of {e['slug']} vanished during the export"
@@ -181,8 +153,9 @@ def export_all(
                 rows.features.append(_neuron(mid, creator, e["slug"], e["read_hook"], feature, strings))
                 rows.activations.extend(_activations(mid, creator, e["slug"], feature, strings))
                 rows.extras.append(_extras(mid, e["slug"], feature, strings))
-                card = feature_card(e["slug"], feature, strings)
-                (cards / f"{feature['i']}.json").write_text(json.dumps(card, ensure_ascii=False), encoding="utf-8")
+                card = feature_card(e["slug"], feature, strings, _context_values)
+                name = f"{cantor(layer, feature['i'])}.json"
+                (cards / name).write_text(json.dumps(card, ensure_ascii=False, allow_nan=False), encoding="utf-8")
         write_source(root, release, rows)
         atomic_write_text(stamp_path, json.dumps(stamp))  # last: a stopped export is redone
     for stale in ("release.jsonl", "model.jsonl", "sourceset.jsonl", "source.jsonl"):
