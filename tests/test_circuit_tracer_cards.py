@@ -143,7 +143,8 @@ HARNESS = """<!DOCTYPE html><meta charset='utf-8'><link rel='icon' href='data:,'
 <div class='node-title'><span></span></div><div class='features-container'></div>
 <script src='./lib/d3.js'></script>
 <script>window.define = (deps, factory) => factory(...deps.map(() => window.d3)); window.define.amd = true</script>
-<script src='./lib/d3-jetpack.js'></script><script>delete window.define</script><script src='./lib/pako.min.js'></script>
+<script src='./lib/d3-jetpack.js'></script><script>delete window.define</script>
+<script src='./lib/pako.min.js'></script>
 <script src='./ct/feature_examples/init-feature-examples-list.js'></script>
 <script src='./ct/feature_examples/init-feature-examples-logits.js'></script>
 <script src='./ct/feature_examples/init-feature-examples.js'></script>

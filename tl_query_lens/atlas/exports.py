@@ -1,10 +1,11 @@
 """Exports of a built atlas: Neuronpedia's bulk-import layout and circuit-tracer feature cards.
 
 Neuronpedia (``exports/neuronpedia/v1/<modelId>/<sourceId>/``): the layout and columns of
-:mod:`tl_query_lens.report.neuronpedia`. One ``Neuron`` row per feature, whose ``pos_str`` / ``neg_str`` carry the logit-lens value signature (Neuronpedia's
-convention: weights only); one ``Activation`` row per context (the top contexts, then the quantile-band examples
-with a ``binMin`` / ``binMax`` that holds them); the Query Lens signatures, key signatures, module shares, links and readout tokens in
-the ``query_lens`` extras. The source id is the atlas slug ``"{layer}-{set}"``.
+:mod:`tl_query_lens.report.neuronpedia`. One ``Neuron`` row per feature, whose ``pos_str`` / ``neg_str`` carry the
+logit-lens value signature (Neuronpedia's convention: weights only); one ``Activation`` row per context (the top
+contexts, then the quantile-band examples with a ``binMin`` / ``binMax`` that holds them); the Query Lens signatures,
+key signatures, module shares, links and readout tokens in the ``query_lens`` extras. The source id is the atlas slug
+``"{layer}-{set}"``.
 
 circuit-tracer (``exports/circuit-tracer/<set>/<cantor(layer, index)>.json``): one feature card per feature, in the
 layout and semantics of :mod:`tl_query_lens.atlas.cards`.

@@ -1,15 +1,15 @@
 """SAELens' own evaluation (``sae_lens.evals.run_evals``) of the residual SAEs, on the report's evaluation windows.
 
-``tlql saes report --protocol saelens`` puts these figures beside the project's (:func:`~tl_query_lens.saes.report.
-suite_quality`). The windows are the same; the protocols differ in two ways:
+``tlql saes report --protocol saelens`` puts these figures beside the project's
+(:func:`tl_query_lens.saes.report.suite_quality`). The windows are the same; the protocols differ in two ways:
 
 * SAELens splices every position, the first included. The project keeps the first ``exclude_first_positions``
   positions clean (SmolLM2's first position is an attention sink; see ``SAESuiteConfig.exclude_first_positions``).
 * SAELens leaves special tokens out by id (BOS, EOS, PAD: ``exclude_special_tokens=True``, its default) from the
-  splice and from every statistic. The project's windows start mid-text, so it leaves them out by position instead.
+  splice and from every statistic. The project leaves out nothing by id: its windows start mid-text, without BOS.
 
 ``run_evals`` reads its batches from an ``ActivationsStore``; :class:`WindowStore` hands it the report's windows in
-order instead, through the three members ``run_evals`` uses (``get_batch_tokens``, ``reset_input_dataset``,
+order instead, through the members ``run_evals`` uses (``get_batch_tokens``, ``reset_input_dataset``,
 ``context_size`` and ``store_batch_size_prompts``). Transcoders are left out: ``run_evals`` splices the SAE's
 output at its input hook, which is not where a transcoder writes.
 """
@@ -92,7 +92,8 @@ def saelens_quality(
             logger.info("run_evals skips %s: a transcoder writes at another hook than it reads", sid)
             continue
         store.reset_input_dataset()
-        metrics, _ = run_evals(sae, store, model, ActivationScaler(), config, exclude_special_tokens=special)  # type: ignore[arg-type]
+        store_like: Any = store  # run_evals reads only the members WindowStore has
+        metrics, _ = run_evals(sae, store_like, model, ActivationScaler(), config, exclude_special_tokens=special)
         row: dict[str, Any] = {"sae_id": sid, "n_tokens": n_batches * batch_size * tokens.shape[1]}
         row |= {name: float(metrics[group][key]) for name, (group, key) in SAELENS_COLUMNS.items()}
         rows.append(row)
