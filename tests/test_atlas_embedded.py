@@ -36,8 +36,8 @@ def test_quick_atlas_of_the_embedded_model(tmp_path, embedded_model):
         assert [c["s"] for c in f["top"]][:5] == top.indices.tolist()[:5]
         assert f["sig"]["QL_VALUE"]["top"] and f["sig"]["QL_KEY"]["top"] and f["shares"]
         assert all("\ufffd" not in strings[t] for c in f["top"] for t in c["t"])  # byte tokens readable
-    assert (out / "exports" / "neuronpedia" / "source.jsonl").is_file()
-    assert len(list((out / "exports" / "circuit-tracer" / f"{QUICK_LAYER}-ffkv").glob("*.json"))) == 256
+    assert (out / "exports" / "neuronpedia" / "v1" / "smollm2-135m" / f"{QUICK_LAYER}-ffkv" / "source.jsonl").is_file()
+    assert len(list((out / "exports" / "circuit-tracer" / "ffkv").glob("*.json"))) == 256
     assert Path(out / "index.html").is_file()
 
 

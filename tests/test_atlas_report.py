@@ -80,4 +80,5 @@ def test_demo_cards_link_into_an_atlas_of_their_features(tmp_path, monkeypatch):
         shard = next((tmp_path / "atlas" / "shards" / "1-ffkv").glob("*.json")).read_text()
         assert f'"i":{feature},' in shard
     assert (tmp_path / "atlas" / "index.html").is_file()
-    assert np_path == tmp_path / "atlas" / "exports" / "neuronpedia" and (np_path / "source.jsonl").is_file()
+    assert np_path == tmp_path / "atlas" / "exports" / "neuronpedia"
+    assert (np_path / "v1" / "custom" / "1-ffkv" / "source.jsonl").is_file()

@@ -606,7 +606,14 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
     atomic_write_text(out / "data" / "search.js", top[1])
     write_static(out)
     if cfg.exports:
-        export_all(out, model, entries, {u.dictionary.slug: u.fingerprint for u in units})
+        export_all(
+            out,
+            model,
+            entries,
+            {u.dictionary.slug: u.fingerprint for u in units},
+            creator=cfg.neuronpedia_creator,
+            visibility=cfg.neuronpedia_visibility,
+        )
     result.n_features = total
     result.n_tokens = n_tokens
     encoded = [t.encode("utf-8") for t in top]

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from tl_query_lens.config import check_ranges
 from tl_query_lens.corpus import Split
+from tl_query_lens.report.neuronpedia import BOT_CREATOR, VISIBILITIES
 
 QUICK_LAYER = 20  # the one FF-KV layer of the quick atlas
 
@@ -46,6 +47,10 @@ class AtlasConfig:
         attach: saved results shown on a dictionary page, '<dictionary label>=<result folder>' (a certificate, an
             absorption result or any saved result), comma-separated.
         exports: also write Neuronpedia's bulk-import layout and circuit-tracer feature cards.
+        neuronpedia_creator: Neuronpedia user id on every exported row (the default: the bot user a fresh
+            Neuronpedia instance's seed creates).
+        neuronpedia_visibility: visibility of the exported release, model, source set and source ('PUBLIC',
+            'UNLISTED' or 'PRIVATE').
         operator_cache: folder where the Query Lens operators are kept (None: ``<out>/operators``). A later build on
             the same operator corpus, an added dictionary included, reads the operators of its hooks from there
             instead of sweeping the model again.
@@ -78,6 +83,8 @@ class AtlasConfig:
     shard_size: int = 256
     attach: tuple[str, ...] = ()
     exports: bool = True
+    neuronpedia_creator: str = BOT_CREATOR
+    neuronpedia_visibility: str = "PUBLIC"
     operator_cache: Path | None = None
     quick: bool = False
 
@@ -135,6 +142,12 @@ class AtlasConfig:
             raise ValueError(f"exclude_first_positions must be below seq_len={self.seq_len}.")
         if self.split not in ("train", "calibration", "evaluation"):
             raise ValueError(f"split must be 'train', 'calibration' or 'evaluation', got {self.split!r}.")
+        if self.neuronpedia_visibility not in VISIBILITIES:
+            raise ValueError(
+                f"neuronpedia_visibility must be one of {', '.join(VISIBILITIES)}, got {self.neuronpedia_visibility!r}."
+            )
+        if not self.neuronpedia_creator.strip():
+            raise ValueError("neuronpedia_creator is empty; give a Neuronpedia user id (or leave the default).")
         if not self.dictionary:
             raise ValueError("dictionary is empty; give 'default' or dictionary specs.")
         for item in self.attach:
@@ -163,4 +176,5 @@ class AtlasConfig:
     def fingerprint_fields(self) -> dict:
         """The fields a finished shard depends on (a resumed build reuses a shard only when they match)."""
         skip = {"out", "dictionary", "layers", "features", "attach", "exports", "operator_cache", "quick", "shard_size"}
+        skip |= {"neuronpedia_creator", "neuronpedia_visibility"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}

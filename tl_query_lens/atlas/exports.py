@@ -1,32 +1,34 @@
 """Exports of a built atlas: Neuronpedia's bulk-import layout and circuit-tracer feature cards.
 
-Neuronpedia (``exports/neuronpedia/``): the layout and columns of :mod:`tl_query_lens.report.neuronpedia`. One
-``Neuron`` row per feature, whose ``pos_str`` / ``neg_str`` carry the logit-lens value signature (Neuronpedia's
-convention: weights only); one ``Activation`` row per context (the top contexts, then the quantile-band examples
-with ``binMin`` / ``binMax``); the Query Lens signatures, key signatures, module shares, links and readout tokens in
-the ``query_lens`` extras. The source id is the atlas slug ``"{layer}-{set}"``.
+Neuronpedia (``exports/neuronpedia/v1/<modelId>/<sourceId>/``): the layout and columns of
+:mod:`tl_query_lens.report.neuronpedia`. One ``Neuron`` row per feature, whose ``pos_str`` / ``neg_str`` carry the
+logit-lens value signature (Neuronpedia's convention: weights only); one ``Activation`` row per context (the top
+contexts, then the quantile-band examples with a ``binMin`` / ``binMax`` that holds them); the Query Lens signatures,
+key signatures, module shares, links and readout tokens in the ``query_lens`` extras. The source id is the atlas slug
+``"{layer}-{set}"``.
 
-circuit-tracer (``exports/circuit-tracer/<slug>/<index>.json``): one feature card per feature in the schema its
-frontend reads (``index``, ``examples_quantiles``, ``top_logits``, ``bottom_logits``, ``act_min``, ``act_max``,
-``quantile_values``, ``histogram``, ``activation_frequency``, plus ``transcoder_id``).
+circuit-tracer (``exports/circuit-tracer/<set>/<cantor(layer, index)>.json``): one feature card per feature, in the
+layout and semantics of :mod:`tl_query_lens.atlas.cards`.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from tl_query_lens.atlas.cards import cantor, feature_card, place, uncantor
 from tl_query_lens.atlas.records import sig_round
 from tl_query_lens.atlas.site import read_shard
 from tl_query_lens.report.neuronpedia import (
+    BOT_CREATOR,
+    Release,
     SourceRows,
     activation_row,
+    containing_bin,
     model_id,
     neuron_row,
-    write_bulk,
     write_source,
 )
 from tl_query_lens.results import atomic_write_text
@@ -40,13 +42,14 @@ def _context_values(ctx: dict, scale: float) -> list[float]:
     return [sig_round(q * scale / 1000) for q in ctx["q"]]
 
 
-def _neuron(mid: str, source: str, hook: str, feature: dict, strings: list[str]) -> dict[str, Any]:
+def _neuron(mid: str, creator: str, source: str, hook: str, feature: dict, strings: list[str]) -> dict[str, Any]:
     value = feature.get("sig", {}).get("LL_VALUE", {})
     hist, logits = feature["hist"], feature.get("logit_hist", {"edges": [], "counts": []})
     return neuron_row(
         mid,
         source,
         feature["i"],
+        creator=creator,
         hook=hook,
         max_act=feature["max"] if feature["max"] is not None else 0.0,
         pos=[(strings[s], v) for s, v in value.get("top", [])],
@@ -57,16 +60,29 @@ def _neuron(mid: str, source: str, hook: str, feature: dict, strings: list[str])
     )
 
 
-def _activations(mid: str, source: str, feature: dict, strings: list[str]) -> list[dict[str, Any]]:
+def _activations(mid: str, creator: str, source: str, feature: dict, strings: list[str]) -> list[dict[str, Any]]:
+    """The feature's top contexts, then its band examples with a bin that holds them."""
     scale = feature["scale"] or 1.0
-    rows = []
-    groups = [(None, feature["top"])] + [((b["lo"], b["hi"]), b["ex"]) for b in feature["bands"]]
+    groups: list[tuple[tuple[float, float] | None, list[dict]]] = [(None, feature["top"])]
+    for b in feature["bands"]:
+        peaks = [max(_context_values(ctx, scale)) for ctx in b["ex"]]
+        groups.append((containing_bin(b["lo"], b["hi"], peaks), b["ex"]))
+    rows: list[dict[str, Any]] = []
     for band, contexts in groups:
         for ctx in contexts:
             tokens = [strings[t] for t in ctx["t"]]
+            values = _context_values(ctx, scale)
             rows.append(
                 activation_row(
-                    mid, source, feature["i"], tokens, _context_values(ctx, scale), data_index=ctx["s"], band=band
+                    mid,
+                    source,
+                    feature["i"],
+                    len(rows),
+                    tokens,
+                    values,
+                    creator=creator,
+                    data_index=ctx["s"],
+                    band=band,
                 )
             )
     return rows
@@ -88,48 +104,35 @@ def _extras(mid: str, source: str, feature: dict, strings: list[str]) -> dict[st
     }
 
 
-def feature_card(slug: str, feature: dict, strings: list[str]) -> dict[str, Any]:
-    """circuit-tracer's feature card of one feature."""
-    scale = feature["scale"] or 1.0
+def export_all(
+    out: Path,
+    model,
+    entries: list[dict],
+    fingerprints: dict[str, str] | None = None,
+    *,
+    creator: str = BOT_CREATOR,
+    visibility: str = "PUBLIC",
+) -> Path:
+    """Write both exports of the atlas in ``out`` (``entries``: the index's dictionary entries); returns the
+    Neuronpedia root (``exports/neuronpedia``, one ``v1/<modelId>/<sourceId>/`` folder per dictionary).
 
-    def example(ctx: dict) -> dict[str, Any]:
-        return {
-            "tokens": [strings[t] for t in ctx["t"]],
-            "tokens_acts_list": _context_values(ctx, scale),
-            "train_token_ind": int(ctx["m"]),
-            "is_repeated_datapoint": False,
-        }
-
-    quantiles = [{"quantile_name": "Top activations", "examples": [example(c) for c in feature["top"]]}]
-    quantiles += [{"quantile_name": b["name"], "examples": [example(c) for c in b["ex"]]} for b in feature["bands"]]
-    value = feature.get("sig", {}).get("QL_VALUE") or feature.get("sig", {}).get("LL_VALUE") or {}
-    return {
-        "transcoder_id": slug,
-        "index": int(feature["i"]),
-        "examples_quantiles": quantiles,
-        "top_logits": [strings[s] for s, _ in value.get("top", [])],
-        "bottom_logits": [strings[s] for s, _ in value.get("bottom", [])],
-        "act_min": feature["min"] if feature["min"] is not None else 0.0,
-        "act_max": feature["max"] if feature["max"] is not None else 0.0,
-        "quantile_values": [b["lo"] for b in feature["bands"]],
-        "histogram": [float(c) for c in feature["hist"]["counts"]],
-        "activation_frequency": feature["density"] or 0.0,
-    }
-
-
-def export_all(out: Path, model, entries: list[dict], fingerprints: dict[str, str] | None = None) -> Path:
-    """Write both exports of the atlas in ``out`` (``entries``: the index's dictionary entries).
-
-    ``fingerprints`` (slug → the inputs' fingerprint of its shards): a dictionary whose exports were written from the
-    same shards (``exports/stamps/<slug>.json``) is not written again, so adding a dictionary to a built atlas writes
-    only its own files and the release-level JSONL."""
+    ``creator`` / ``visibility``: the Neuronpedia user id and visibility of every row. ``fingerprints`` (slug → the
+    inputs' fingerprint of its shards): a dictionary whose exports were written from the same shards with the same
+    settings (``exports/stamps/<slug>.json``) is not written again, so adding a dictionary to a built atlas writes
+    only its own files."""
+    root = out / "exports" / "neuronpedia"
     mid = model_id(str(model.cfg.model_name))
-    sources = []
+    release = Release(model, f"tlql-atlas-{mid}", creator, visibility)
     for e in entries:
         rows = SourceRows(e["slug"], e["label"])
-        sources.append(rows)
         stamp_path = out / "exports" / "stamps" / f"{e['slug']}.json"
-        stamp = {"fingerprint": (fingerprints or {}).get(e["slug"]), "shards": e["shards"], "model": mid}
+        stamp = {
+            "fingerprint": (fingerprints or {}).get(e["slug"]),
+            "shards": e["shards"],
+            "model": mid,
+            "creator": creator,
+            "visibility": visibility,
+        }
         if stamp["fingerprint"] is not None and stamp_path.is_file():
             try:
                 if json.loads(stamp_path.read_text(encoding="utf-8")) == stamp:
@@ -137,21 +140,25 @@ def export_all(out: Path, model, entries: list[dict], fingerprints: dict[str, st
             except (json.JSONDecodeError, UnicodeDecodeError):
                 pass
         stamp_path.unlink(missing_ok=True)
-        cards = out / "exports" / "circuit-tracer" / e["slug"]
-        if cards.is_dir():
-            shutil.rmtree(cards)
-        cards.mkdir(parents=True)
+        set_name, layer = place(e["slug"]) or (e["slug"], 0)
+        cards = out / "exports" / "circuit-tracer" / set_name
+        cards.mkdir(parents=True, exist_ok=True)
+        for old in cards.glob("*.json"):  # this layer's cards of an earlier build
+            if old.stem.isdigit() and uncantor(int(old.stem))[0] == layer:
+                old.unlink()
         for start, *_ in e["shards"]:
             shard = read_shard(out, e["slug"], start)
             assert shard is not None, f"shard {start} of {e['slug']} vanished during the export"
             strings = shard["strings"]
             for feature in shard["features"]:
-                rows.features.append(_neuron(mid, e["slug"], e["read_hook"], feature, strings))
-                rows.activations.extend(_activations(mid, e["slug"], feature, strings))
+                rows.features.append(_neuron(mid, creator, e["slug"], e["read_hook"], feature, strings))
+                rows.activations.extend(_activations(mid, creator, e["slug"], feature, strings))
                 rows.extras.append(_extras(mid, e["slug"], feature, strings))
-                card = feature_card(e["slug"], feature, strings)
-                (cards / f"{feature['i']}.json").write_text(json.dumps(card, ensure_ascii=False), encoding="utf-8")
-        write_source(out / "exports" / "neuronpedia", mid, rows)
+                card = feature_card(e["slug"], feature, strings, _context_values)
+                name = f"{cantor(layer, feature['i'])}.json"
+                (cards / name).write_text(json.dumps(card, ensure_ascii=False, allow_nan=False), encoding="utf-8")
+        write_source(root, release, rows)
         atomic_write_text(stamp_path, json.dumps(stamp))  # last: a stopped export is redone
-        rows.features, rows.activations, rows.extras = [], [], []  # this source is on disk; free its rows
-    return write_bulk(out / "exports" / "neuronpedia", model, sources, release=f"tlql-atlas-{mid}")
+    for stale in ("release.jsonl", "model.jsonl", "sourceset.jsonl", "source.jsonl"):
+        (root / stale).unlink(missing_ok=True)  # the top-level files of the layout before the per-source one
+    return root

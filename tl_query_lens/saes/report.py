@@ -84,6 +84,15 @@ class SAEReportConfig:
             raise ValueError("n_seqs and batch_size must be >= 1 and seq_len >= 2 (CE needs a next token).")
 
 
+_SAELENS_CELLS = [(k, ".1f" if k == "mean_l0" else ".3f") for k in ("mean_l0", "explained_variance", "ce_clean")]
+_SAELENS_CELLS += [(k, ".3f") for k in ("ce_spliced", "ce_zero", "ce_recovered", "kl")]
+
+
+def _pair(theirs: dict, ours: dict, key: str, fmt: str) -> str:
+    """``theirs / ours`` of one figure (``theirs`` alone where the project has no row)."""
+    return f"{theirs[key]:{fmt}} / {ours[key]:{fmt}}" if key in ours else f"{theirs[key]:{fmt}}"
+
+
 @dataclass
 class SuiteQuality(SavableResult):
     """One row per dictionary (keys: :data:`COLUMNS`), plus the run's facts."""
@@ -92,6 +101,9 @@ class SuiteQuality(SavableResult):
     n_tokens: int
     seconds: float
     config: dict[str, Any] = field(default_factory=dict)
+    #: ``--protocol saelens``: SAELens' ``run_evals`` of the residual SAEs on the same windows
+    #: (:func:`tl_query_lens.saes.saelens_eval.saelens_quality`), one row per SAE.
+    saelens: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self, sae_id: str) -> dict[str, Any]:
         for row in self.rows:
@@ -110,6 +122,22 @@ class SuiteQuality(SavableResult):
                 f"{r['explained_variance']:.3f} | {r['ce_clean']:.3f} | {r['ce_spliced']:.3f} | "
                 f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |"
             )
+        if self.saelens:
+            ours = {r["sae_id"]: r for r in self.rows}
+            lines += [
+                "",
+                (
+                    "SAELens `run_evals` (every position spliced, special tokens left out by id) / this protocol "
+                    "(first position clean):"
+                ),
+                "",
+                "| id | L0 (SAELens / ours) | EV | CE clean | CE splice | CE zero | CE recovered | KL |",
+                "|" + "---|" * 8,
+            ]
+            for r in self.saelens:
+                o = ours.get(r["sae_id"], {})
+                cells = [_pair(r, o, key, fmt) for key, fmt in _SAELENS_CELLS]
+                lines.append(f"| `{r['sae_id']}` | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
     COLUMN_TYPES: ClassVar[dict[str, type]] = {
