@@ -356,9 +356,11 @@ def test_two_torchrun_ranks_write_the_same_files_as_one(tmp_path):
     assert [k for k in one if one[k] != two[k]] == []
 
 
-def test_default_lists_the_shipped_suite_under_the_models_own_name():
+def test_default_lists_the_shipped_suite_under_the_models_own_name(tmp_path, monkeypatch):
     """The embedded model calls itself 'SmolLM2-135M-Instruct'; its releases are named 'tlql-saes-smollm2-135m'. The
-    'default' atlas once looked them up under the model's own name, found none and built the FF-KV neurons only."""
+    'default' atlas once looked them up under the model's own name, found none and built the FF-KV neurons only.
+    An empty user cache: dictionaries a user trained there are listed too, and are not what this test is about."""
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path))
     from tl_query_lens.atlas.dictionaries import expand_specs
     from tl_query_lens.releases import shipped_root
 
