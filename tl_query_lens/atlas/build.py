@@ -38,11 +38,12 @@ from tl_query_lens.atlas.exports import export_all
 from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_signatures
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
-    clear_partial,
+    STATIC,
     free_bytes,
     js_call,
     read_shard_meta,
     search_index,
+    shard_paths,
     write_shard,
     write_static,
 )
@@ -53,6 +54,8 @@ from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.hooks import stop_layer
+from tl_query_lens.models import weights_fingerprint
+from tl_query_lens.paths import LOCK_NAME, check_owned, clear_temporaries
 from tl_query_lens.presentation import Table
 from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.results import SavableResult, atomic_write_text, read_json, write_json
@@ -172,9 +175,15 @@ def _rank_world() -> tuple[int, int]:
     return rank, world
 
 
+#: What the atlas writes in its --out: the only places where an interrupted run's temporary files are removed.
+OWNED = ("data", "shards", "meta", "results", "result", "exports", "operators", "manifest.json", *STATIC)
+
+
 def _check_out(out: Path, model: HookedTransformer) -> None:
-    """Refuse a folder that holds another model's atlas, or a file."""
+    """Refuse a file, a user's own folder (:func:`~tl_query_lens.paths.check_owned`) or a folder that holds
+    another model's atlas."""
     check_folder(out, "--out")
+    check_owned(out, "--out")
     manifest = out / "manifest.json"
     if manifest.is_file():
         record = read_json(manifest)
@@ -201,10 +210,15 @@ def _feature_ids(text: str | None, d_sae: int, slug: str) -> torch.Tensor:
 
 
 def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp: str, ops_fp: str) -> str:
+    """The content fingerprint of a dictionary's shards: the weights actually used (model and dictionary, by
+    :func:`~tl_query_lens.models.weights_fingerprint`), the corpus tokens of the pass and of the operators, and the
+    settings. A same-named model with other weights, or a retrained SAE at the same path, gets new shards."""
     record = {
         "format": FORMAT,
         "cfg": {k: str(v) for k, v in cfg.fingerprint_fields().items()},
         "model": _model_record(model),
+        "model_weights": weights_fingerprint(model),
+        "dictionary_weights": weights_fingerprint(dictionary.sae),
         "spec": dictionary.spec,
         "tokens": tokens_fp,
         "operators": ops_fp,
@@ -296,7 +310,8 @@ def build_atlas(
             f"({len(done)}) are kept and a rerun resumes."
         )
     out.mkdir(parents=True, exist_ok=True)
-    clear_partial(out)
+    (out / LOCK_NAME).touch()  # the marker of a folder tlql writes (the command line's lock file when it holds one)
+    clear_temporaries(out, OWNED)
     if rank == 0:
         write_json(out / "manifest.json", {"format": FORMAT, "model": _model_record(model)})
     seconds["checks"] = time.perf_counter() - start_time
@@ -341,8 +356,28 @@ def build_atlas(
 
 
 def _finished(out: Path, unit: Unit) -> bool:
+    """Whether ``unit``'s shard can be reused: its content fingerprint (weights, tokens, settings) and feature ids
+    match, and both of its files still have the SHA-256 recorded when they were written (a truncated or edited
+    ``.json`` / ``.js`` is rebuilt)."""
     shard = read_shard_meta(out, unit.dictionary.slug, unit.start)
-    return shard is not None and shard.get("fingerprint") == unit.fingerprint and shard.get("ids") == unit.ids.tolist()
+    if shard is None or shard.get("fingerprint") != unit.fingerprint or shard.get("ids") != unit.ids.tolist():
+        return False
+    js, raw = shard_paths(out, unit.dictionary.slug, unit.start)
+    return all(
+        isinstance(shard.get(key), str) and _sha256(path) == shard[key]
+        for key, path in (("js_sha256", js), ("json_sha256", raw))
+    )
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _attached(cfg: AtlasConfig, dictionaries: list[AtlasDictionary]) -> dict[str, list[SavableResult]]:
@@ -536,7 +571,7 @@ def _guard_disk(out: Path, write, *args) -> None:
     except OSError as err:
         if err.errno != errno.ENOSPC:
             raise
-        clear_partial(out)
+        clear_temporaries(out, OWNED)
         raise InputError(
             f"The disk holding {out} is full. The finished shards are kept; free some space and rerun the same "
             "command to resume."

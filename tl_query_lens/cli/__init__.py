@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from tl_query_lens import interrupts
-    from tl_query_lens.errors import InputError  # light: torch is imported by the command itself
+    from tl_query_lens.errors import InputError, boundary_error  # light: torch is imported by the command itself
 
     command = " ".join(c for c in (args.command, getattr(args, "action", None)) if c)
     out_of_range = options_cache.check_ranges(parser, args)  # before any config (and torch) is imported
@@ -111,18 +111,25 @@ def main(argv: list[str] | None = None) -> int:
         print("(add --debug to see the traceback)", file=sys.stderr)
         return 2
     except BaseException as err:
-        if debug or not interrupts.is_interrupt(err):
+        if debug:
             raise
-        return interrupts.report(err, command)
+        if interrupts.is_interrupt(err):
+            return interrupts.report(err, command)
+        mapped = boundary_error(err)  # a library's error that a file, option or the machine caused: one line
+        if mapped is None:
+            raise
+        print(f"tlql {command}: error: {mapped}", file=sys.stderr)
+        print("(add --debug to see the traceback)", file=sys.stderr)
+        return 2
 
 
 @contextlib.contextmanager
 def _output_folder(args: argparse.Namespace) -> Iterator[None]:
-    """Check ``--out`` (a folder that can be created and written, with plain component names) and hold its lock
-    while the command runs, so two runs never write one folder; a folder this run created and left empty (the
+    """Check ``--out`` (a folder that can be created and written, with plain component names, new or empty or written
+    by tlql before: :func:`~tl_query_lens.paths.check_owned`) and hold its lock while the command runs, so two runs never write one folder; a folder this run created and left empty (the
     command stopped on a user error) is removed again."""
     from tl_query_lens.cli.run import check_wandb_mode
-    from tl_query_lens.paths import LOCK_NAME, check_folder, folder_lock
+    from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, folder_lock
 
     if getattr(args, "wandb", False):
         check_wandb_mode()
@@ -131,6 +138,7 @@ def _output_folder(args: argparse.Namespace) -> Iterator[None]:
         yield
         return
     folder = check_folder(out, "--out")
+    check_owned(folder, "--out")  # a user's own folder is refused before any work: nothing of theirs is overwritten
     created = not folder.exists()
     try:
         with folder_lock(folder, "--out"):

@@ -28,13 +28,13 @@ from typing import Any, ClassVar, Literal
 
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import InputError, MissingFileError
+from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, check_json_shape
 from tl_query_lens.presentation import Table
 from tl_query_lens.releases import shipped_only
 from tl_query_lens.reproduce import rows as row_table
 from tl_query_lens.reproduce.experiments import EXPERIMENTS
 from tl_query_lens.reproduce.rows import Row, rows_for
-from tl_query_lens.results import SavableResult, atomic_write_text
+from tl_query_lens.results import SavableResult, atomic_write_text, read_json
 
 DOCUMENTED = Path(__file__).with_name("documented.json")
 
@@ -157,7 +157,18 @@ def load_documented(path: Path | None = None) -> dict[str, dict[str, dict[str, A
     path = path or DOCUMENTED
     if not path.exists():
         return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    fix = (
+        "Restore it (`git checkout -- tl_query_lens/reproduce/documented.json`), or delete it to compare with "
+        "nothing and rerun with --record"
+    )
+    documented = read_json(path, fix=f"{fix}.")
+    for size, rows in documented.items():
+        check_json_shape(rows, f"{path} [{size!r}]", f"{fix}.")
+        for row_id, entry in rows.items():
+            check_json_shape(entry, f"{path} [{size!r}][{row_id!r}]", f"{fix}.", keys=("value", "lo", "hi"))
+            if not all(isinstance(entry[k], (int, float)) and not isinstance(entry[k], bool) for k in ("lo", "hi")):
+                raise CorruptFileError(f"{path} [{size!r}][{row_id!r}]", "'lo' and 'hi' are not numbers", f"{fix}.")
+    return documented
 
 
 def _interval(row: Row, value: float, lo: float | None, hi: float | None) -> tuple[float, float]:
@@ -183,7 +194,7 @@ def missing_needs(name: str) -> str | None:
 def _saved(name: str, size: str, out: Path) -> bool:
     """Whether ``out`` holds experiment ``name``'s result of this size (a rerun loads it)."""
     marker = out / "experiments" / name / "size.json"
-    return marker.exists() and json.loads(marker.read_text(encoding="utf-8")).get("size") == size
+    return marker.exists() and read_json(marker, fix=f"Delete {marker.parent} and rerun.").get("size") == size
 
 
 def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float]):

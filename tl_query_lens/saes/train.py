@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import logging
+import pickle
 import shutil
 import signal
 import time
@@ -37,6 +38,7 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
+from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
 from tl_query_lens.saes.registry import SAES_RELEASES, sae_id, suite_hooks
@@ -510,12 +512,24 @@ def _resume(trainer: _CheckpointingTrainer, data: ShuffledEpochs, ckpt_dir: Path
     try:
         trainer.load_checkpoint(newest)
         data.position = int(json.loads((newest / "data_position.json").read_text(encoding="utf-8"))["position"])
-    except (OSError, RuntimeError, KeyError, ValueError, json.JSONDecodeError, SafetensorError) as err:
+    except (
+        OSError,
+        RuntimeError,
+        KeyError,
+        ValueError,
+        TypeError,
+        EOFError,
+        pickle.UnpicklingError,
+        SafetensorError,
+    ) as err:  # UnpicklingError: torch.load(weights_only=True) refused a crafted or corrupt trainer_state.pt
         older = f" The previous checkpoint {found[-2]} is intact." if len(found) > 1 else ""
-        raise RuntimeError(
-            f"Cannot resume from the checkpoint {newest} ({type(err).__name__}: {err}).{older} Move that folder "
-            f"away (e.g. `mv {newest} {newest.parent / ('corrupt-' + newest.name)}`) and rerun to resume from the "
-            "one before, or rerun with --restart (resume=False) to start again; nothing has been deleted."
+        reason = " ".join(str(err).split())[:200]
+        raise CorruptFileError(
+            newest,
+            f"cannot be resumed from ({type(err).__name__}: {reason})",
+            f"{older.strip()} Move that folder away (e.g. `mv {newest} {newest.parent / ('corrupt-' + newest.name)}`) "
+            "and rerun to resume from the one before, or rerun with --restart (resume=False) to start again; "
+            "nothing has been deleted.",
         ) from err
     trainer.checkpoint_thresholds = [t for t in trainer.checkpoint_thresholds if t > trainer.n_training_samples]
     logger.info("resumed from %s (%d samples)", newest, trainer.n_training_samples)
