@@ -148,3 +148,39 @@ def test_a_truncated_shard_file_is_rebuilt_on_resume(which, tmp_path):
     again = _build(model, out)
     assert again.shards_built == 1 and again.shards_reused == first.shards_built - 1
     assert path.read_bytes() == good  # rebuilt byte for byte
+
+
+# --- locks on the user cache's shared writes ------------------------------------------------------------------------
+
+
+def test_a_second_saes_train_of_one_release_is_refused_before_work(tmp_path, monkeypatch):
+    """The first writer holds the release folder's lock (a second open file description conflicts as a second
+    process would); the second is refused naming its pid, before any activation is cached."""
+    import os
+
+    from tl_query_lens.errors import LockedError
+    from tl_query_lens.paths import folder_lock
+    from tl_query_lens.saes import train as train_mod
+
+    monkeypatch.setattr(train_mod, "cache_activations", lambda *a, **k: pytest.fail("work started"))
+    model = tiny_model("gelu_ln")
+    root = tmp_path / "release"
+    with folder_lock(root, "the release folder"), pytest.raises(LockedError, match=f"pid {os.getpid()}") as err:
+        train_mod.train_saes(model, folder=root, layers=(1,), tokens=tiny_tokens(model, 2, 8))
+    assert str(root) in str(err.value)
+
+
+def test_a_second_readout_fit_of_one_id_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    import os
+
+    from tl_query_lens.paths import folder_lock
+    from tl_query_lens.readout.registry import cached_sae_path
+
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tl_query_lens, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    entry = cached_sae_path("smollm2-135m", "mine")
+    with folder_lock(entry.parent, "the readout cache", name=f".{entry.name}.tlql.lock"):
+        code = main(["readout", "fit", "--sae-id", "mine", "--out", str(tmp_path / "o"), "--no-wandb"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "the readout cache" in err and f"pid {os.getpid()}" in err

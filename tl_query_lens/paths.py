@@ -155,8 +155,11 @@ LOCK_NAME = ".tlql.lock"
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
+def folder_lock(folder: str | Path, what: str = "--out", *, name: str = LOCK_NAME) -> Iterator[Path]:
     """Hold an exclusive lock on ``folder`` (created) while the block runs.
+
+    Every shared write takes one: ``--out`` (the command line), the user cache's training folder of a release
+    (``saes train``) and a readout SAE's cache entry (``readout fit``, ``name`` = one lock file per id).
 
     A second process that asks for the same folder is refused at once with a :class:`LockedError` naming the pid
     of the first. The lock is an ``flock`` on ``folder/.tlql.lock``: the operating system releases it when the
@@ -166,7 +169,7 @@ def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole block)
+        handle = open(folder / name, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole block)
     except OSError as err:
         raise write_error(folder, err) from err
     try:
@@ -190,7 +193,7 @@ def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
             handle.flush()
         except OSError as err:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-            raise write_error(folder / LOCK_NAME, err) from err
+            raise write_error(folder / name, err) from err
         try:
             yield folder
         finally:

@@ -71,6 +71,7 @@ def run_fit(args: argparse.Namespace) -> int:
 
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model, tracker
+    from tl_query_lens.paths import folder_lock
     from tl_query_lens.readout.fit import ReadoutFitConfig, fit_readout
     from tl_query_lens.readout.registry import cached_sae_path
 
@@ -82,21 +83,26 @@ def run_fit(args: argparse.Namespace) -> int:
         factory=lambda **kw: ReadoutFitConfig.preset(options.preset, **{k: v for k, v in kw.items() if k in given}),
     )
     check_run(run_cfg, folders={"--save": options.save}, seq_len=cfg.seq_len)
-    model = load_model(run_cfg)
-    fit = fit_readout(model, cfg=cfg)
-    fit.save(run_cfg.out)
-    with tracker(run_cfg, "readout-fit", args, fit=cfg) as track:
-        for record in fit.history:
-            track.log_scalars("train", record, step=int(record["step"]))
-        track.log_scalars("final", fit.final)
-        if fit.history:
-            track.log_table("train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
-    target = (
-        Path(options.save)
+    base = options.sae_id or options.preset
+    # the cache entry is locked before any work: a second `readout fit` of the same id is refused, naming the first
+    entry = Path(options.save) if options.save else cached_sae_path(run_cfg.model, base)
+    lock = (
+        folder_lock(entry, "--save")
         if options.save
-        else cached_sae_path(run_cfg.model, fit.cache_id(options.sae_id or options.preset))
+        else folder_lock(entry.parent, "the readout cache", name=f".{entry.name[:100]}.tlql.lock")
     )
-    fit.sae.save_model(target)
+    with lock:
+        model = load_model(run_cfg)
+        fit = fit_readout(model, cfg=cfg)
+        fit.save(run_cfg.out)
+        with tracker(run_cfg, "readout-fit", args, fit=cfg) as track:
+            for record in fit.history:
+                track.log_scalars("train", record, step=int(record["step"]))
+            track.log_scalars("final", fit.final)
+            if fit.history:
+                track.log_table("train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
+        target = Path(options.save) if options.save else cached_sae_path(run_cfg.model, fit.cache_id(base))
+        fit.sae.save_model(target)
     print(f"Readout SAE saved to {target} ({fit.seconds:.0f} s): " + json.dumps(fit.final))
     return 0
 

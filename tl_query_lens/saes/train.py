@@ -39,6 +39,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.paths import folder_lock
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
 from tl_query_lens.saes.registry import SAES_RELEASES, sae_id, suite_hooks
@@ -345,9 +346,23 @@ def train_saes(
 
     Raises:
         IndexError: a layer outside the model. ValueError: a corpus too small for the requested sequences.
-        RuntimeError: a checkpoint that cannot be read (its folder is named; nothing is deleted).
+        CorruptFileError: a checkpoint that cannot be read (its folder is named; nothing is deleted).
+        LockedError: another process is training into the same release folder (its pid is named).
     """
     cfg = resolve_config(SAESuiteConfig, cfg, overrides)
+    root = Path(folder) if folder is not None else SAES_RELEASES.root() / SAES_RELEASES.release_name(cfg.model)
+    with folder_lock(root, "the release folder"):  # two trainings of one release never replace each other's files
+        return _train_locked(model, cfg, root, tokens, folder, resume)
+
+
+def _train_locked(
+    model: HookedTransformer,
+    cfg: SAESuiteConfig,
+    root: Path,
+    tokens: torch.Tensor | None,
+    folder: str | Path | None,
+    resume: bool,
+) -> SAESuiteResult:
     n_layers = model.cfg.n_layers
     bad = [layer for layer in cfg.layers if not 0 <= layer < n_layers]
     if bad:
@@ -355,7 +370,6 @@ def train_saes(
             f"Layers {bad} are out of range; this model has layers 0..{n_layers - 1} "
             f"(e.g. --layers {','.join(str(x) for x in range(0, n_layers, max(1, n_layers // 4)))})."
         )
-    root = Path(folder) if folder is not None else SAES_RELEASES.root() / SAES_RELEASES.release_name(cfg.model)
     train_dir = root / ".train"
     ckpt_dir = train_dir / "checkpoints"
     names = {sae_id(kind, layer): (kind, layer) for layer in cfg.layers for kind in cfg.kinds}
