@@ -345,3 +345,79 @@ def test_cuda_through_the_shipped_path_without_cuda(monkeypatch, tmp_path):
     sid = SAES_RELEASES.shipped_ids("smollm2-135m")[0]
     with pytest.raises(InputError, match="CUDA is not available here"):
         SAES_RELEASES.loader("local/x", f"smollm2-135m/{sid}", device="cuda")
+
+
+# --- the memory budget ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["atlas", "--k-tokens", "60000"], "--k-tokens must be ≤ 49152"),
+        (["atlas", "--operator-seq-len", "5000"], "--operator-seq-len 5000 exceeds the model context 2048"),
+        (["certify", "--bins", "10000000000"], "(--bins 10000000000: "),
+        (["readout", "fit", "--width", "100000000"], "(--width 100000000: "),
+        (["readout", "fit", "--batch-rows", "1000000000"], "(--batch-rows 1000000000: "),
+    ],
+)
+def test_sizes_beyond_memory_are_refused_before_loading(argv, expected, no_model, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TLQL_MAX_MEMORY", "16G")  # the same budget on every machine
+    line = one_line_error(capsys, [*argv, "--out", str(tmp_path / "o"), "--no-wandb"])
+    assert expected in line
+
+
+def test_saes_train_d_sae_beyond_memory(no_model, capsys, monkeypatch):
+    monkeypatch.setenv("TLQL_MAX_MEMORY", "16G")
+    line = one_line_error(capsys, ["saes", "train", "--d-sae", "100000000"])
+    assert "(--d-sae 100000000: " in line and "lower --d-sae" in line
+
+
+def test_max_memory_option_sets_the_budget(no_model, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TLQL_MAX_MEMORY", "16G")  # restored after the test (the option sets it for the run)
+    line = one_line_error(capsys, ["readout", "fit", "--max-memory", "1M", "--out", str(tmp_path / "o"), "--no-wandb"])
+    assert "more than the 1.0 MiB of TLQL_MAX_MEMORY / --max-memory" in line
+    line = one_line_error(capsys, ["--max-memory=lots", "readout", "fit", "--out", str(tmp_path / "o")])
+    assert "--max-memory='lots' is not a size" in line
+
+
+def test_atlas_estimate_matches_the_collectors_bytes(tmp_path, monkeypatch):
+    """The atlas' estimate against the bytes its collectors really allocate (counted from their tensors), and the
+    refusal before the corpus pass when the budget is below it."""
+    from tests.helpers import tiny_model, tiny_tokens
+    from tl_query_lens.atlas import AtlasConfig, build_atlas
+    from tl_query_lens.atlas import build as build_mod
+    from tl_query_lens.atlas.collect import StatsCollector
+
+    model = tiny_model("gelu_ln")
+    n, seq, n_top, band = 64, 16, 40, 30
+    collector = StatsCollector(torch.arange(n), seq, n_top=n_top, n_sample=band, seed=0, slug="x")
+    real = sum(t.numel() * t.element_size() for t in vars(collector.stats).values() if isinstance(t, torch.Tensor))
+    needs = {}
+    monkeypatch.setattr(build_mod, "check_memory", lambda need, what: needs.update(need))
+    cfg = AtlasConfig(
+        out=tmp_path / "a",
+        dictionary=("ffkv:1",),
+        features=f"0-{n - 1}",
+        n_tokens=4 * seq,
+        seq_len=seq,
+        n_top=n_top,
+        band_sample=band,
+        signatures=False,
+        exports=False,
+    )
+    monkeypatch.setattr(build_mod, "_forward_pass", lambda *a, **k: pytest.fail("the corpus pass ran"))
+    monkeypatch.setattr(build_mod, "_build_units", lambda *a, **k: None)
+    monkeypatch.setattr(build_mod, "_assemble", lambda *a, **k: None)
+    build_atlas(model, None, cfg, tokens=tiny_tokens(model, 4, seq), progress=False)
+    assert 0.8 * real <= sum(needs.values()) <= 1.5 * real
+    monkeypatch.undo()
+    monkeypatch.setenv("TLQL_MAX_MEMORY", str(int(real // 2)))
+    monkeypatch.setattr(build_mod, "_forward_pass", lambda *a, **k: pytest.fail("the corpus pass ran"))
+    with pytest.raises(InputError, match="--n-top 40"):
+        build_atlas(
+            model,
+            None,
+            AtlasConfig(**{**vars(cfg), "out": tmp_path / "b"}),
+            tokens=tiny_tokens(model, 4, seq),
+            progress=False,
+        )

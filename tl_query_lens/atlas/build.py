@@ -47,6 +47,7 @@ from tl_query_lens.atlas.site import (
     write_shard,
     write_static,
 )
+from tl_query_lens.budget import check_memory
 from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
 from tl_query_lens.cli.checks import check_folder
 from tl_query_lens.cli.ranges import parse_ranges
@@ -226,6 +227,27 @@ def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _check_sizes(cfg: AtlasConfig, model: HookedTransformer, n_features: int, seq_len: int) -> None:
+    """Before the corpus pass: ``k_tokens`` within the vocabulary (else every signature would be missing) and the
+    collectors' memory (:mod:`~tl_query_lens.budget`): per feature, ``n_top`` + ``band_sample`` windows of float16
+    activations plus their values, keys and sequence ids."""
+    if cfg.k_tokens > model.cfg.d_vocab:
+        raise InputError(
+            f"--k-tokens {cfg.k_tokens} exceeds the model's vocabulary of {model.cfg.d_vocab} tokens; give "
+            f"--k-tokens ≤ {model.cfg.d_vocab}."
+        )
+    if cfg.signatures and cfg.operator_seq_len > model.cfg.n_ctx:
+        raise InputError(f"--operator-seq-len {cfg.operator_seq_len} exceeds the model context {model.cfg.n_ctx}.")
+    window = 2 * seq_len + 24
+    check_memory(
+        {
+            f"--n-top {cfg.n_top}": n_features * cfg.n_top * window,
+            f"--band-sample {cfg.band_sample}": n_features * cfg.band_sample * window,
+        },
+        f"The atlas of {n_features} features",
+    )
+
+
 def _layers(text: str, n_layers: int) -> list[int]:
     return list(range(n_layers)) if text == "all" else parse_ranges(text, n_layers, "--layers")
 
@@ -302,6 +324,7 @@ def build_atlas(
             units.append(Unit(d, int(chunk[0]), chunk, fp))
     done = {(u.dictionary.slug, u.start) for u in units if _finished(out, u)}
     mine = [u for u in _assign(units, len(dictionaries), rank, world) if (u.dictionary.slug, u.start) not in done]
+    _check_sizes(cfg, model, sum(len(u.ids) for u in mine), int(tokens.shape[1]))
     need = sum(len(u.ids) for u in mine) * BYTES_PER_FEATURE_ESTIMATE
     if mine and free_bytes(out) < need:
         raise InputError(

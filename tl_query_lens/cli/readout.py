@@ -69,6 +69,7 @@ def configure_fit(parser: argparse.ArgumentParser) -> None:
 def run_fit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tl_query_lens.budget import check_memory
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model, tracker
     from tl_query_lens.paths import folder_lock
@@ -82,7 +83,16 @@ def run_fit(args: argparse.Namespace) -> int:
         args,
         factory=lambda **kw: ReadoutFitConfig.preset(options.preset, **{k: v for k, v in kw.items() if k in given}),
     )
-    check_run(run_cfg, folders={"--save": options.save}, seq_len=cfg.seq_len)
+    dims = check_run(run_cfg, folders={"--save": options.save}, seq_len=cfg.seq_len)
+    if dims is not None and dims.d_model:  # the embedded model's width is known before it loads
+        width = cfg.width or cfg.width_mult * dims.d_model
+        check_memory(
+            {
+                f"--width {width}": 4 * 4 * 2 * dims.d_model * width,
+                f"--batch-rows {cfg.batch_rows}": 4 * 3 * cfg.batch_rows * width,
+            },
+            "readout fit",
+        )
     base = options.sae_id or options.preset
     # the cache entry is locked before any work: a second `readout fit` of the same id is refused, naming the first
     entry = Path(options.save) if options.save else cached_sae_path(run_cfg.model, base)
