@@ -421,3 +421,40 @@ def test_atlas_estimate_matches_the_collectors_bytes(tmp_path, monkeypatch):
             tokens=tiny_tokens(model, 4, seq),
             progress=False,
         )
+
+
+def test_a_log_handler_on_a_full_disk_prints_no_traceback_flood(tmp_path, monkeypatch, capfd):
+    """W&B's own log handlers on a full disk: each failed record printed a traceback ('--- Logging error ---').
+    While the Tracker runs W&B, such records are dropped; the results and the one warning remain. (No full disk
+    here: the handler's stream raises ENOSPC on every write.)"""
+    import logging
+
+    from tl_query_lens.tracking import Tracker
+
+    class FullStream:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    handler = logging.StreamHandler(FullStream())
+    noisy = logging.getLogger("wandb.fake")
+    noisy.addHandler(handler)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+    def log_run(self, wandb, mode):
+        for i in range(50):
+            noisy.error("record %d", i)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Tracker, "_log_run", log_run)
+    try:
+        with Tracker(tmp_path / "out", name="t") as track:
+            track.log_scalars("s", {"x": 1.0})
+    finally:
+        noisy.removeHandler(handler)
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+    assert track.wandb_error and "No space left" in track.wandb_error
+    assert logging.raiseExceptions  # restored

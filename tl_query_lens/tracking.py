@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
@@ -139,6 +140,10 @@ class Tracker:
         if problem:
             self._warn(problem, offline_dir=None, retry_offline=False)
             return
+        with _quiet_logging_errors():
+            self._finish_wandb(wandb, mode)
+
+    def _finish_wandb(self, wandb, mode: str) -> None:
         try:
             self._log_run(wandb, mode)
         except (wandb.errors.Error, OSError) as err:  # no key, unreachable or refusing server, disk
@@ -225,6 +230,19 @@ class Tracker:
                 logger.info(
                     "Nothing logged to W&B because the run stopped early; the files under %s are kept.", self.out_dir
                 )
+
+
+@contextlib.contextmanager
+def _quiet_logging_errors():
+    """While W&B runs: a log handler that cannot write (a full disk under W&B's own debug log) drops the record
+    instead of printing a traceback to stderr for each one (``logging.raiseExceptions``); the one warning of
+    :meth:`Tracker._warn` still says what failed."""
+    before = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = before
 
 
 def _snake(name: str) -> str:
