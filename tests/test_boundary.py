@@ -458,3 +458,8 @@ def test_a_log_handler_on_a_full_disk_prints_no_traceback_flood(tmp_path, monkey
     assert "Logging error" not in err and "Traceback" not in err
     assert track.wandb_error and "No space left" in track.wandb_error
     assert logging.raiseExceptions  # restored
+
+
+def test_boundary_names_the_file_of_a_permission_error_without_guessing_read_or_write(tmp_path):
+    denied = boundary_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "f")))
+    assert denied is not None and str(tmp_path / "f") in str(denied) and "Could not write" not in str(denied)

@@ -169,8 +169,10 @@ def boundary_error(err: BaseException) -> InputError | None:
             f"A checkpoint file refused to load ({text.split('.')[0]}): it is corrupt or was not written by "
             "tl_query_lens, so it is not loaded. Delete it (the work it held is recomputed)."
         )
-    if isinstance(err, OSError) and err.errno in _WRITE_FIXES and err.filename:
-        return write_error(err.filename, err)
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and err.filename:
+        return write_error(err.filename, err)  # only a write meets these
+    if isinstance(err, OSError) and err.errno in _WRITE_FIXES and err.filename:  # a read or a write: say which file
+        return InputError(f"{err.filename}: {err.strerror or err}; check that path and its permissions, and rerun.")
     if isinstance(err, (AssertionError, RuntimeError)) and re.search(
         r"not compiled with CUDA|no NVIDIA driver|CUDA driver|No CUDA GPUs", text
     ):
