@@ -147,7 +147,9 @@ def paths(tmp_path):
 
 
 @pytest.fixture
-def no_model(monkeypatch):
+def no_model(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path_factory.mktemp("cache")))  # locks taken before loading stay here
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))  # relative paths a command line names stay here too
     monkeypatch.setattr(tl_query_lens, "load_model", _loaded)
     monkeypatch.setattr(tl_query_lens.models, "load_model", _loaded)
     monkeypatch.setattr(demo, "load_model", _loaded)

@@ -67,6 +67,7 @@ def configure_fit(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    import contextlib
     from pathlib import Path
 
     from tl_query_lens.budget import check_memory
@@ -94,10 +95,11 @@ def run_fit(args: argparse.Namespace) -> int:
             "readout fit",
         )
     base = options.sae_id or options.preset
-    # the cache entry is locked before any work: a second `readout fit` of the same id is refused, naming the first
-    entry = Path(options.save) if options.save else cached_sae_path(run_cfg.model, base)
+    # the user cache's entry is locked before any work: a second `readout fit` of the same id is refused, naming the
+    # first (a --save folder is the user's own: written once at the end, not shared)
+    entry = cached_sae_path(run_cfg.model, base)
     lock = (
-        folder_lock(entry, "--save")
+        contextlib.nullcontext()
         if options.save
         else folder_lock(entry.parent, "the readout cache", name=f".{entry.name[:100]}.tlql.lock")
     )
