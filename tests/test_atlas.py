@@ -297,6 +297,7 @@ def test_bad_input_fails_before_the_corpus_pass(tmp_path, monkeypatch):
         _build(model, _cfg(tmp_path / "b", dictionary=(str(tmp_path / "deep"),)))
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "manifest.json").write_text(json.dumps({"model": {"name": "gpt2", "n_layers": 12}}))
+    (tmp_path / "c" / ".tlql.lock").write_text("")  # an atlas folder tlql wrote holds its marker
     with pytest.raises(InputError, match="another model"):
         _build(model, _cfg(tmp_path / "c"))
     monkeypatch.setattr(build, "free_bytes", lambda out: 1000)

@@ -147,7 +147,9 @@ def paths(tmp_path):
 
 
 @pytest.fixture
-def no_model(monkeypatch):
+def no_model(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path_factory.mktemp("cache")))  # locks taken before loading stay here
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))  # relative paths a command line names stay here too
     monkeypatch.setattr(tl_query_lens, "load_model", _loaded)
     monkeypatch.setattr(tl_query_lens.models, "load_model", _loaded)
     monkeypatch.setattr(demo, "load_model", _loaded)
@@ -190,3 +192,134 @@ def test_generated_command_lines_exit_0_or_2_without_a_traceback(name, tmp_path,
             assert status == 2, f"{argv}: {bad} out of range, yet the command went on ({status})"
 
     check()
+
+
+# --- what users feed us besides options: dictionary specs, JSON files, corpus files, environment variables ----------
+
+JSON_KEYS = st.sampled_from(
+    ["files", "version", "packages", "n_documents", "n_characters", "documents_sha256", "sid/cfg.json",
+     "sid/sae_weights.int8.safetensors", "bytes", "sha256", "value", "lo", "hi", "small", "name", "text", "source"]
+)  # fmt: skip
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(JSON_KEYS | st.text(max_size=3), inner, max_size=4),
+    max_leaves=10,
+)
+SPEC_PARTS = st.sampled_from(["ffkv", "1", "99", "0", "²", "٣", "topk", "vanilla", "normalized", "", "-1", "x", " "])
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+
+
+@SETTINGS
+@given(parts=st.lists(SPEC_PARTS, min_size=1, max_size=4))
+def test_fuzzed_dictionary_specs_parse_or_name_the_fix(parts):
+    from tl_query_lens.errors import InputError
+    from tl_query_lens.sources import parse_sources
+
+    spec = ":".join(parts)
+    try:
+        sources = parse_sources(spec)
+    except InputError as err:
+        assert "\n" not in str(err).strip() and "--dictionary" in str(err)
+        return
+    for source in sources:  # accepted: the numbers in it are ASCII integers, a top-k keeps at least one feature
+        assert source.kind != "ffkv" or source.k is None or source.k >= 1
+
+
+@pytest.mark.parametrize("spec", ["ffkv:99", "ffkv:20:topk:0", "ffkv:²", "ffkv:1:topk:٣", "ffkv::"])
+def test_bad_specs_on_the_command_line_exit_2(spec, tmp_path, no_model):
+    status, err = run(["certify", "--dictionary", spec, "--out", str(tmp_path / "o"), "--no-wandb"])
+    assert status == 2 and "Traceback" not in err and "--dictionary" in err
+
+
+@SETTINGS
+@given(record=JSON)
+def test_fuzzed_release_manifests_are_refused_by_name(record, tmp_path_factory):
+    import json
+
+    from tl_query_lens.errors import CorruptFileError
+    from tl_query_lens.releases import verify_shipped
+
+    release = tmp_path_factory.mktemp("release")
+    (release / "sid").mkdir()
+    (release / "manifest.json").write_text(json.dumps(record))
+    with pytest.raises(CorruptFileError, match="manifest.json|sid"):  # never a valid manifest: no file matches
+        verify_shipped(release, "sid")
+
+
+@SETTINGS
+@given(record=JSON)
+def test_fuzzed_documented_json_loads_or_is_refused_by_name(record, tmp_path_factory):
+    import json
+
+    from tl_query_lens.errors import CorruptFileError
+    from tl_query_lens.reproduce.run import load_documented
+
+    path = tmp_path_factory.mktemp("doc") / "documented.json"
+    path.write_text(json.dumps(record))
+    try:
+        documented = load_documented(path)
+    except CorruptFileError as err:
+        assert "documented.json" in str(err)
+        return
+    for rows in documented.values():  # accepted: what the reproduction reads of each row is there
+        for entry in rows.values():
+            assert {"value", "lo", "hi"} <= entry.keys() and all(
+                isinstance(entry[k], (int, float)) for k in ("lo", "hi")
+            )
+
+
+@SETTINGS
+@given(record=JSON)
+def test_fuzzed_broad_corpus_manifest_info_exits_0_or_2(record, tmp_path_factory, monkeypatch):
+    import json
+
+    from tl_query_lens.broad_corpus import broad_dir
+    from tl_query_lens.broad_corpus import main as broad_main
+
+    monkeypatch.setenv("TLQL_CACHE", str(tmp_path_factory.mktemp("cache")))
+    folder = broad_dir()
+    folder.mkdir(parents=True)
+    (folder / "documents.jsonl").write_text("")
+    (folder / "manifest.json").write_text(json.dumps(record))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = broad_main(["info"])
+    assert status in (0, 2) and "Traceback" not in err.getvalue()
+
+
+@SETTINGS
+@given(
+    body=st.binary(max_size=60) | st.text(max_size=60).map(lambda t: t.encode()),
+    suffix=st.sampled_from([".txt", ".jsonl"]),
+)
+def test_fuzzed_corpus_files_are_read_or_refused_by_name(body, suffix, tmp_path_factory):
+    from tl_query_lens.cli.checks import check_corpus
+    from tl_query_lens.errors import InputError
+
+    path = tmp_path_factory.mktemp("corpus") / f"c{suffix}"
+    path.write_bytes(body)
+    try:
+        check_corpus(str(path))
+    except InputError as err:
+        assert str(path.name) in str(err)
+
+
+ENV_VALUES = st.sampled_from(["", "abc", "-1", "0", "nan", "inf", "1e309", "90", "offline", "online", "disabled",
+                              "/proc/x", "/dev/null", "../x", "é", "8G", "1K", "0.5M"])  # fmt: skip
+
+
+@SETTINGS
+@given(env=st.dictionaries(
+    st.sampled_from(["WANDB_MODE", "WANDB_INIT_TIMEOUT", "WANDB_DIR", "TLQL_CACHE", "TLQL_MAX_MEMORY"]),
+    ENV_VALUES, max_size=3,
+))  # fmt: skip
+def test_fuzzed_environment_variables_exit_2_naming_the_variable_or_go_on(env, tmp_path_factory, no_model):
+    out = tmp_path_factory.mktemp("env") / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        status, err = run(["ffkv", "--layers", "0", "--out", str(out)])
+    assert "Traceback" not in err
+    assert status in (2, "model"), (env, status, err)
+    if status == 2:
+        assert any(name in err for name in env), (env, err)

@@ -52,7 +52,7 @@ def test_a_corrupt_cache_file_is_rebuilt(tmp_path, monkeypatch):
     "argv,expected",
     [
         (["ffkv", "--k", "0"], "--k must be ≥ 1, got 0"),
-        (["certify", "--delta", "1.5"], "--delta must lie strictly between 0 and 1"),
+        (["certify", "--delta", "1.5"], "--delta must be < 1 (range [1e-300, 1))"),
     ],
 )
 def test_ranges_are_checked_before_the_command_runs(argv, expected, tmp_path, monkeypatch):

@@ -159,3 +159,20 @@ def test_quick_reproduction_passes_on_the_shipped_release(tmp_path):
     assert sum(line.startswith("| `") for line in text.splitlines()) == len(rw.rows_for("quick"))
     missing = [name for name in ex.EXPERIMENTS if rr.missing_needs(name)]  # .ci/run installs the 'broad' corpus
     assert ("not measured" in text) == bool(missing), missing
+
+
+def test_a_saved_experiment_is_reused_only_for_the_same_weights(fake, tmp_path):
+    """Content fingerprint: a same-named model with other weights measures again; the same model loads it."""
+    import torch
+
+    from tests.helpers import tiny_model
+
+    model_a, model_b = tiny_model("gelu_ln"), tiny_model("gelu_ln")
+    with torch.no_grad():
+        model_b.blocks[0].mlp.W_out.mul_(1.25)
+    out = str(tmp_path / "out")
+    rr.reproduce(model_a, size="quick", out=out)
+    rr.reproduce(model_a, size="quick", out=out)
+    assert fake["n"] == 1
+    rr.reproduce(model_b, size="quick", out=out)
+    assert fake["n"] == 2

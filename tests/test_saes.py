@@ -15,6 +15,7 @@ from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 import tl_query_lens.saes  # noqa: F401  (registers the release and the transcoder class)
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.dictionaries.splice import splice_metrics
+from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.saes.registry import SAES_RELEASES, parse_sae_id, sae_id
 from tl_query_lens.saes.report import suite_quality
 from tl_query_lens.saes.train import SAESuiteConfig, ShuffledEpochs, train_saes
@@ -209,7 +210,7 @@ def test_killed_run_resumes_to_the_same_weights_and_a_corrupt_checkpoint_is_name
     weights = newest / "blocks.1.hook_resid_post" / "sae_weights.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[:100])
-    with pytest.raises(RuntimeError, match="Move that folder away") as err:
+    with pytest.raises(CorruptFileError, match="Move that folder away") as err:
         train_saes(model, cfg, tokens=tokens, folder=folder)
     assert str(newest) in str(err.value)
     assert newest.exists() and (folder / "blocks.1.hook_resid_post.partial" / "cfg.json").exists()  # nothing deleted

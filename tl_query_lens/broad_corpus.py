@@ -27,6 +27,7 @@ import re
 import sys
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -34,7 +35,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
+from tl_query_lens.errors import (
+    CorruptFileError,
+    InputError,
+    MissingFileError,
+    UnavailableError,
+    boundary_error,
+    check_json_shape,
+)
 from tl_query_lens.models import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -42,6 +50,7 @@ logger = logging.getLogger(__name__)
 BROAD_VERSION = "1"
 DEBIAN_MIRROR = "https://deb.debian.org/debian"
 MIN_DOC_CHARS = 200  # as the embedded corpus: a document gives at least one 32-token window
+MANIFEST_KEYS = ("version", "n_documents", "n_characters", "documents_sha256", "packages")
 SETUP_HINT = "bash scripts/setup.sh --broad-corpus (or: python -m tl_query_lens.broad_corpus install)"
 # The largest .deb and the largest member read; the pinned packages are far below (GCIDE: 14.8 MB / 39 MB).
 MAX_DEB_BYTES = 64 * 2**20
@@ -307,7 +316,7 @@ def _download(package: DebianPackage, mirror: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=120) as response:
             blob = response.read(MAX_DEB_BYTES + 1)
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, OSError, ValueError) as err:  # ValueError: a URL urllib cannot open
         raise UnavailableError(
             f"Could not download {url} ({err}). Offline: fetch {package.name}={package.version} on a machine with "
             f"Debian access (`apt-get download {package.name}={package.version}`) and pass the folder with --debs."
@@ -359,6 +368,17 @@ def build_documents(
     return records, provenance
 
 
+def check_mirror(mirror: str) -> str:
+    """``mirror`` if it is an http(s) or file URL with a host or path; else :class:`InputError` naming ``--mirror``
+    (before anything is fetched: ``urlopen`` would raise a bare ``ValueError`` on ``garbage``)."""
+    parsed = urllib.parse.urlparse(mirror)
+    if parsed.scheme not in ("http", "https", "file") or not (parsed.netloc or parsed.path.strip("/")):
+        raise InputError(
+            f"--mirror {mirror!r} is not a mirror URL; give one such as {DEBIAN_MIRROR!r} (http, https or file)."
+        )
+    return mirror
+
+
 def install_broad_corpus(
     target: str | Path | None = None,
     *,
@@ -369,6 +389,7 @@ def install_broad_corpus(
 ) -> dict[str, Any]:
     """Fetch the pinned packages, parse them and write ``documents.jsonl`` and ``manifest.json`` into ``target``
     (default :func:`broad_dir`). Returns the manifest. Writing is atomic: an interrupted install leaves no corpus."""
+    check_mirror(mirror)
     target = Path(target) if target is not None else broad_dir()
     debs_path = Path(debs).expanduser() if debs is not None else None
     if debs_path is not None and not debs_path.is_dir():
@@ -404,10 +425,17 @@ def read_manifest(folder: str | Path | None = None) -> dict[str, Any]:
     path = folder / "manifest.json"
     if not path.is_file() or not (folder / "documents.jsonl").is_file():
         raise MissingFileError(f"The 'broad' corpus is not installed (no {path}). Install it with: {SETUP_HINT}.")
+    fix = f"Reinstall: {SETUP_HINT}."
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = check_json_shape(json.loads(path.read_text(encoding="utf-8")), path, fix, keys=MANIFEST_KEYS)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CorruptFileError(path, f"is not valid JSON ({err})", f"Reinstall: {SETUP_HINT}.") from err
+        raise CorruptFileError(path, f"is not valid JSON ({err})", fix) from err
+    packages = manifest["packages"]
+    if not isinstance(packages, list) or not all(
+        isinstance(p, dict) and {"name", "n_documents"} <= p.keys() for p in packages
+    ):
+        raise CorruptFileError(path, "its 'packages' is not a list of package records", fix)
+    return manifest
 
 
 def broad_records(folder: str | Path | None = None) -> tuple[tuple[str, str], ...]:
@@ -425,9 +453,14 @@ def _records(folder: str) -> tuple[tuple[str, str], ...]:
     if _sha256(body) != manifest.get("documents_sha256"):
         raise CorruptFileError(path, "does not match the SHA-256 in manifest.json", f"Reinstall: {SETUP_HINT}.")
     out = []
-    for line in body.decode("utf-8").splitlines():
-        record = json.loads(line)
-        out.append((record["text"], record["source"]))
+    for number, line in enumerate(body.decode("utf-8").splitlines(), 1):
+        try:  # the SHA-256 matched, so a bad line means the manifest was rewritten to match an edited file
+            record = json.loads(line)
+            out.append((str(record["text"]), str(record["source"])))
+        except (ValueError, KeyError, TypeError) as err:
+            raise CorruptFileError(
+                f"{path}:{number}", f"is not a {{'text', 'source'}} record ({err})", f"Reinstall: {SETUP_HINT}."
+            ) from err
     return tuple(out)
 
 
@@ -453,8 +486,11 @@ def main(argv: list[str] | None = None) -> int:
             manifest = install_broad_corpus(args.target, debs=args.debs, mirror=args.mirror)
         else:
             manifest = read_manifest()
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except Exception as err:  # the command line's one boundary: a user's input or machine -> one line, exit 2
+        mapped = boundary_error(err)
+        if mapped is None:
+            raise
+        print(f"error: {mapped}", file=sys.stderr)
         return 2
     per_package = ", ".join(f"{p['name']} {p['n_documents']}" for p in manifest["packages"])
     print(

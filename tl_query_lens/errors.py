@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import errno
 import numbers
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +97,92 @@ def write_error(path: str | Path, err: OSError) -> WriteError:
     """A :class:`WriteError` for ``err`` raised while writing ``path``, naming the path and the fix."""
     fix = _WRITE_FIXES.get(err.errno or 0, f"{err.strerror or err}: check the folder and rerun")
     return WriteError(err.errno or 0, f"Could not write {path}: {fix}. Results finished before it were kept.")
+
+
+_OS_CODE = re.compile(r"code: (\d+)")
+
+
+def write_error_of(path: str | Path, err: Exception) -> WriteError:
+    """:func:`write_error` for an ``OSError`` or for a writer's own error that wraps one (safetensors raises a
+    ``SafetensorError``, not an ``OSError``, on a full disk: its message holds ``Os { code: 28, ... }``)."""
+    if isinstance(err, OSError):
+        return write_error(path, err)
+    found = _OS_CODE.search(str(err))
+    code = int(found.group(1)) if found else 0
+    return write_error(path, OSError(code, os.strerror(code) if code else str(err).splitlines()[0]))
+
+
+def check_json_shape(record: Any, path: str | Path, fix: str, *, shape: type = dict, keys: tuple[str, ...] = ()) -> Any:
+    """``record`` (read from the JSON file ``path``) if it is a ``shape`` (a JSON object by default) holding every
+    one of ``keys``; else :class:`CorruptFileError` naming the file, what it holds instead and ``fix``."""
+    if not isinstance(record, shape) or isinstance(record, bool):
+        names: dict[Any, str] = {dict: "a JSON object", list: "a JSON list", str: "a JSON string"}
+        got = names.get(type(record), "null" if record is None else f"a JSON {type(record).__name__}")
+        raise CorruptFileError(path, f"holds {got}, not {names.get(shape, shape.__name__)}", fix)
+    missing = [key for key in keys if key not in record]  # type: ignore[operator]
+    if missing:
+        raise CorruptFileError(path, f"lacks the fields {missing}", fix)
+    return record
+
+
+def check_device(device: Any, what: str = "--device") -> None:
+    """Refuse a ``device`` that is not a torch device, or CUDA where CUDA is not available (before anything is
+    loaded onto it); None passes."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"{what} {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'.") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"{what} {device}: CUDA is not available here; use --device cpu (device='cpu').")
+
+
+def boundary_error(err: BaseException) -> InputError | None:
+    """The command line's one error boundary: an :class:`InputError` (one line naming the file, option or variable
+    and the fix) for an exception from a library that a user's input, file or machine caused; None for bugs.
+
+    Call sites that know the file raise their own :class:`InputError` first; this is what still reaches the top:
+    a safetensors file (``SafetensorError``), a JSON file (``JSONDecodeError``), a pickle (``UnpicklingError``),
+    a write (``OSError`` of a full, read-only or foreign disk), CUDA asked for without CUDA, memory exhausted.
+    """
+    import json
+    import pickle
+
+    if isinstance(err, InputError):
+        return err
+    kind = type(err).__name__
+    text = " ".join(str(err).split())[:300]
+    if kind == "SafetensorError":
+        if "code: " in text:
+            return write_error_of("a .safetensors file", err)  # type: ignore[arg-type]
+        return InputError(
+            f"A .safetensors file is not readable ({text}); it is truncated or not a safetensors file. Delete the "
+            "file named in the log and rerun, or rerun with --debug to see which one."
+        )
+    if isinstance(err, json.JSONDecodeError):
+        return InputError(f"A JSON file is not valid JSON ({text}); rerun with --debug to see which one, then fix it.")
+    if isinstance(err, pickle.UnpicklingError):
+        return InputError(
+            f"A checkpoint file refused to load ({text.split('.')[0]}): it is corrupt or was not written by "
+            "tl_query_lens, so it is not loaded. Delete it (the work it held is recomputed)."
+        )
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and err.filename:
+        return write_error(err.filename, err)  # only a write meets these
+    if isinstance(err, OSError) and err.errno in _WRITE_FIXES and err.filename:  # a read or a write: say which file
+        return InputError(f"{err.filename}: {err.strerror or err}; check that path and its permissions, and rerun.")
+    if isinstance(err, (AssertionError, RuntimeError)) and re.search(
+        r"not compiled with CUDA|no NVIDIA driver|CUDA driver|No CUDA GPUs", text
+    ):
+        return InputError(f"CUDA is not available here ({text}); use --device cpu (or leave --device out).")
+    if isinstance(err, MemoryError) or kind == "OutOfMemoryError":
+        return InputError(
+            "The run ran out of memory; lower the sizes given (--n-seqs, --seq-len, --batch-size, widths) and "
+            "rerun (results already written are kept)."
+        )
+    return None
 
 
 def check_ids(ids: Any, upper: int | None, what: str = "feature ids") -> list[int]:

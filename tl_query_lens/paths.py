@@ -11,6 +11,10 @@
   :class:`~tl_query_lens.errors.WriteError` that names the path and the fix.
 - :func:`folder_lock`: one writer per output folder; a second concurrent run is refused with the first one's pid.
 - :func:`relative_command`: a command line as a record stores it, with no path of the machine it ran on.
+- :func:`check_owned`: a command writes only into a new or empty folder, or one a ``tlql`` run wrote before (it
+  holds the lock file, :data:`LOCK_NAME`, which every locked run leaves there as its marker).
+- :func:`clear_temporaries`: remove what an interrupted :func:`atomic_write` left, only among the entries a command
+  lists as its own (never every hidden ``*.tmp`` below a folder).
 
 This module imports nothing heavy (the command line uses it before torch is loaded).
 """
@@ -28,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tl_query_lens.errors import InputError, LockedError, write_error
+from tl_query_lens.errors import InputError, LockedError, write_error, write_error_of
 
 MAX_NAME_BYTES = 200  # file systems allow 255 bytes a component; leave room for suffixes such as ".safetensors"
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -105,6 +109,10 @@ def _replaced_on_success(path: Path) -> Iterator[str]:
         tmp = None
     except OSError as err:
         raise write_error(path, err) from err
+    except Exception as err:  # a writer's own error wrapping an OSError (safetensors on a full disk)
+        if type(err).__name__ == "SafetensorError":
+            raise write_error_of(path, err) from err
+        raise
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -150,8 +158,11 @@ LOCK_NAME = ".tlql.lock"
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
+def folder_lock(folder: str | Path, what: str = "--out", *, name: str = LOCK_NAME) -> Iterator[Path]:
     """Hold an exclusive lock on ``folder`` (created) while the block runs.
+
+    Every shared write takes one: ``--out`` (the command line), the user cache's training folder of a release
+    (``saes train``) and a readout SAE's cache entry (``readout fit``, ``name`` = one lock file per id).
 
     A second process that asks for the same folder is refused at once with a :class:`LockedError` naming the pid
     of the first. The lock is an ``flock`` on ``folder/.tlql.lock``: the operating system releases it when the
@@ -161,7 +172,7 @@ def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole block)
+        handle = open(folder / name, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole block)
     except OSError as err:
         raise write_error(folder, err) from err
     try:
@@ -178,10 +189,14 @@ def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
             raise LockedError(
                 f"{what} {folder} is being written by {holder}; wait for it to finish or choose another folder."
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
+        try:  # the holder's pid, for the message of a second writer; a full disk here is named, not a traceback
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}")
+            handle.flush()
+        except OSError as err:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            raise write_error(folder / name, err) from err
         try:
             yield folder
         finally:
@@ -189,7 +204,47 @@ def folder_lock(folder: str | Path, what: str = "--out") -> Iterator[Path]:
                 handle.truncate(0)
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
     finally:
-        handle.close()
+        with contextlib.suppress(OSError):  # closing flushes nothing left: the pid was flushed or its error raised
+            handle.close()
+
+
+def check_owned(folder: str | Path, what: str = "--out") -> None:
+    """Refuse an existing, non-empty ``folder`` that no ``tlql`` run wrote (it lacks :data:`LOCK_NAME`), before any
+    work, naming it: a run never overwrites or cleans up a user's own folder (e.g. their ``index.html``)."""
+    folder = Path(folder).expanduser()
+    try:
+        if not folder.is_dir() or (folder / LOCK_NAME).exists():
+            return
+        entries = sorted(p.name for p in folder.iterdir())
+    except OSError as err:
+        raise InputError(f"{what} {folder}: {err.strerror or err}; choose another folder.") from None
+    if entries:
+        shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
+        raise InputError(
+            f"{what} {folder} already holds files that no tlql run wrote ({shown}); nothing was written there. "
+            "Choose a new or empty folder."
+        )
+
+
+def clear_temporaries(folder: str | Path, owned: Iterable[str]) -> int:
+    """Remove the temporary files an interrupted :func:`atomic_write` left (``.<name>.<random>.tmp``), only where the
+    command's own entries are: beside each owned top-level file and anywhere inside each owned sub-folder (relative
+    names in ``owned``). Returns how many were removed."""
+    folder = Path(folder)
+    removed = 0
+    for name in owned:
+        entry = folder / name
+        candidates = entry.rglob(".*.tmp") if entry.is_dir() else folder.glob(f".{glob_escape(name[:100])}.*.tmp")
+        for tmp in candidates:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed += 1
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters taken literally."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def check_folder(path: str | Path, what: str = "--out") -> Path:

@@ -43,7 +43,7 @@ from sae_lens.saes.sae import str_to_dtype
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tl_query_lens.errors import CorruptFileError, MissingFileError
+from tl_query_lens.errors import CorruptFileError, MissingFileError, check_device, check_json_shape
 from tl_query_lens.paths import plain_name
 
 QUANTISED_WEIGHTS = "sae_weights.int8.safetensors"
@@ -138,14 +138,19 @@ def verify_shipped(release_dir: Path, sae_id: str) -> None:
     )
     manifest_path = release_dir / MANIFEST
     try:
-        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError) as err:
+        record = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
         raise CorruptFileError(manifest_path, f"the release manifest cannot be read ({err})", restore) from err
+    files = check_json_shape(record, manifest_path, restore, keys=("files",))["files"]
+    check_json_shape(files, manifest_path, restore)
     own = {name: entry for name, entry in files.items() if name.split("/", 1)[0] == sae_id}
-    if not own:
-        raise CorruptFileError(release_dir / sae_id, "the manifest lists no files of this dictionary", restore)
+    unlisted = [f"{sae_id}/{name}" for name in ("cfg.json", QUANTISED_WEIGHTS) if f"{sae_id}/{name}" not in own]
+    if unlisted:  # the loader reads these two whatever the manifest lists
+        raise CorruptFileError(manifest_path, f"lists no checksum of {unlisted}", restore)
     for name, entry in own.items():
         path = release_dir / name
+        if not isinstance(entry, dict) or not {"bytes", "sha256"} <= entry.keys():
+            raise CorruptFileError(manifest_path, f"its entry for {name!r} lacks 'bytes' and 'sha256'", restore)
         if not path.is_file():
             raise CorruptFileError(path, "the file is missing", restore)
         if path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
@@ -261,14 +266,14 @@ class LocalReleases:
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor], torch.Tensor | None]:
         """SAELens loader: ``folder_name`` is ``"<model>/<sae_id>"``; the user cache, the shipped files, the hub repo."""
         model_name, _, sae_id = folder_name.partition("/")
+        check_device(device, "device")
         local = self.cached_path(model_name, sae_id)
         overrides = {k: v for k, v in (cfg_overrides or {}).items() if k in ("device", "dtype")}
         shipped = self.shipped_dir(model_name)
         is_shipped = (shipped / sae_id / "cfg.json").exists()
         if (local / "cfg.json").exists() and not force_download and not (is_shipped and _SHIPPED_ONLY.get()):
             logger.info("loading %s/%s from the user cache (%s)", self.release_name(model_name), sae_id, local)
-            cfg, state = sae_lens_disk_loader(local, device=device, cfg_overrides=overrides)
-            return cfg, state, None
+            return (*self._read_cached(local, model_name, sae_id, is_shipped, device, overrides), None)
         if is_shipped:
             logger.info("loading %s/%s shipped with the package (%s)", self.release_name(model_name), sae_id, shipped)
             cfg, state = read_shipped(shipped, sae_id, device=device, cfg_overrides=overrides)
@@ -292,6 +297,29 @@ class LocalReleases:
             f"({local}), and {hub_error}. Cached ids for release {self.release_name(model_name)!r}: {cached_ids}; "
             f"shipped ids: {shipped_ids}. {self.verb} it with `{self.command(model_name, sae_id)}`."
         )
+
+    def _read_cached(
+        self, local: Path, model_name: str, sae_id: str, is_shipped: bool, device: str, overrides: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Read a user-cache copy; one that is incomplete or corrupt is named with how to remove it, never skipped
+        for the shipped files silently (it shadows them)."""
+        shadow = " It shadows the dictionary shipped with the package." if is_shipped else ""
+        fix = (
+            f"Remove it (`rm -r {local}`) to use the shipped one, or {self.verb.lower()} it again with "
+            f"`{self.command(model_name, sae_id)}`."
+            if is_shipped
+            else f"Remove it (`rm -r {local}`) and {self.verb.lower()} it again with `{self.command(model_name, sae_id)}`."
+        )
+        weights = local / "sae_weights.safetensors"
+        if not weights.is_file():
+            raise CorruptFileError(local, f"the user-cache copy of {sae_id!r} lacks {weights.name}.{shadow}", fix)
+        try:
+            return sae_lens_disk_loader(local, device=device, cfg_overrides=overrides)
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as err:
+            reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            raise CorruptFileError(
+                local, f"the user-cache copy of {sae_id!r} is unreadable ({reason}).{shadow}", fix
+            ) from err
 
     def register(self, extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
         """Add this family's releases (shipped, cached, and ``extra``) to SAELens' directory; returns their names."""

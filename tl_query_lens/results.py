@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from typing_extensions import Self
 
-from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.errors import CorruptFileError, check_json_shape
 from tl_query_lens.paths import atomic_write, atomic_write_with, inside, result_name, result_names
 from tl_query_lens.presentation import Presents
 
@@ -103,15 +103,20 @@ def read_tensors(path: str | Path, *, fix: str = RERUN_FIX) -> tuple[dict[str, t
         raise CorruptFileError(path, f"is not a readable safetensors file ({_first_line(err)})", fix) from err
 
 
-def read_json(path: str | Path, *, fix: str = RERUN_FIX) -> Any:
-    """Read a JSON file; a missing or malformed file raises :class:`~tl_query_lens.errors.CorruptFileError`."""
+def read_json(path: str | Path, *, fix: str = RERUN_FIX, shape: type | None = dict, keys: tuple[str, ...] = ()) -> Any:
+    """Read a JSON file and check its shape: a ``shape`` (a JSON object unless told; None: anything) holding every
+    one of ``keys``. A missing, malformed or misshapen file raises :class:`~tl_query_lens.errors.CorruptFileError`
+    naming it and ``fix``."""
     path = Path(path)
     if not path.is_file():
         raise CorruptFileError(path, "is missing", fix)
     try:
-        return loads_json(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        record = loads_json(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise CorruptFileError(path, f"is not valid JSON ({_first_line(err)})", fix) from err
+    except OSError as err:
+        raise CorruptFileError(path, f"cannot be read ({err.strerror or err})", fix) from err
+    return record if shape is None else check_json_shape(record, path, fix, shape=shape, keys=keys)
 
 
 def _first_line(err: BaseException) -> str:

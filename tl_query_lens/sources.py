@@ -13,6 +13,7 @@ Accepted forms (comma-separated where a list is taken):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.saved import check_sae_folder, load_sae
-from tl_query_lens.errors import InputError, MissingFileError, UnknownNameError
+from tl_query_lens.errors import InputError, MissingFileError, OutOfRangeError, UnknownNameError
 from tl_query_lens.hooks import hook_layer
 from tl_query_lens.readout import register_releases as register_readout
 from tl_query_lens.saes import register_releases as register_suite
@@ -105,11 +106,25 @@ def parse_source(spec: str, what: str = "--dictionary") -> DictionarySource:
 def _parse_ffkv(text: str, rest: str, what: str) -> DictionarySource:
     parts = rest.split(":") if rest else []
     variant = parts[1] if len(parts) > 1 else "vanilla"
-    ok = (len(parts) < 1 or parts[0].isdigit()) and variant in VARIANTS and (len(parts) < 3 or parts[2].isdigit())
+    digits = re.compile(r"[0-9]{1,9}")  # ASCII digits only: '²'.isdigit() is True but int('²') fails
+    ok = bool(len(parts) < 1 or digits.fullmatch(parts[0])) and variant in VARIANTS
+    ok = ok and bool(len(parts) < 3 or digits.fullmatch(parts[2]))
     if not ok or len(parts) > 3 or (len(parts) == 3 and variant != "topk"):
         raise InputError(f"{what} {text!r} is not an FF-KV spec; accepted forms: {FORMS}.")
     k = int(parts[2]) if len(parts) == 3 else (32 if variant == "topk" else None)
+    if k is not None and k < 1:
+        raise InputError(
+            f"{what} {text!r}: k must be ≥ 1 (the features kept per token), e.g. 'ffkv:{parts[0]}:topk:32'."
+        )
     return DictionarySource(text, "ffkv", layer=int(parts[0]) if parts else None, variant=variant, k=k)
+
+
+def check_ffkv_layer(source: DictionarySource, n_layers: int, what: str = "--dictionary") -> None:
+    """Refuse an FF-KV spec whose layer the model does not have (before the model loads, where its size is known)."""
+    if source.kind == "ffkv" and source.layer is not None and not 0 <= source.layer < n_layers:
+        raise OutOfRangeError(
+            f"{what} {source.spec!r}: layer {source.layer} is out of range; the model has layers 0..{n_layers - 1}."
+        )
 
 
 def _check_release(release: str, sae_id: str, what: str) -> None:
@@ -169,6 +184,7 @@ def load_dictionary(
         layer = source.layer if source.layer is not None else layer
         if model is None or layer is None:
             raise InputError(f"{source.spec!r} needs the model and a layer (e.g. 'ffkv:12').")
+        check_ffkv_layer(source, int(model.cfg.n_layers))
         return (
             FFKV.from_model(model, layer, source.variant, source.k)  # type: ignore[arg-type]
             if source.k

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
@@ -126,15 +127,29 @@ class Tracker:
         try:
             import wandb
         except ImportError as err:
-            self._warn(f"wandb is not installed ({err})", offline_dir=None)
+            self._warn(
+                f"wandb is not installed ({err}); install it with `pip install wandb`",
+                offline_dir=None,
+                retry_offline=False,
+            )
             return
         mode = os.environ.get("WANDB_MODE", "offline")
+        from tl_query_lens.cli.run import wandb_env_problem
+
+        problem = wandb_env_problem()  # a bad WANDB_DIR / WANDB_INIT_TIMEOUT is named, not retried offline
+        if problem:
+            self._warn(problem, offline_dir=None, retry_offline=False)
+            return
+        with _quiet_logging_errors():
+            self._finish_wandb(wandb, mode)
+
+    def _finish_wandb(self, wandb, mode: str) -> None:
         try:
             self._log_run(wandb, mode)
         except (wandb.errors.Error, OSError) as err:  # no key, unreachable or refusing server, disk
             reason = _one_line(err)
             if mode == "offline":
-                self._warn(reason, offline_dir=None)
+                self._warn(reason, offline_dir=None, retry_offline=False)
                 return
             try:
                 self._log_run(wandb, "offline")
@@ -182,17 +197,22 @@ class Tracker:
             self.run_dir = Path(run.dir).parent
             run.finish()
 
-    def _warn(self, reason: str, *, offline_dir: Path | None) -> None:
+    def _warn(self, reason: str, *, offline_dir: Path | None, retry_offline: bool = True) -> None:
+        """One warning: why, where the results are, and only advice that can help (offline logging is not
+        suggested when the run was offline already or the environment itself is wrong)."""
         self.wandb_error = reason
-        later = (
-            f"It was logged offline to {offline_dir}: upload it with `wandb sync {offline_dir}` once W&B is "
-            "reachable (after `wandb login`)."
-            if offline_dir is not None
-            else "Rerun with WANDB_MODE=offline to keep an offline run for `wandb sync`."
-        )
+        if offline_dir is not None:
+            later = (
+                f" It was logged offline to {offline_dir}: upload it with `wandb sync {offline_dir}` once W&B is "
+                "reachable (after `wandb login`). To log offline from the start set WANDB_MODE=offline."
+            )
+        elif retry_offline:
+            later = " Rerun with WANDB_MODE=offline to keep an offline run for `wandb sync`."
+        else:
+            later = ""
         logger.warning(
-            "W&B logging failed (%s). Every result is on disk under %s. %s To skip W&B pass --no-wandb "
-            "(Python: use_wandb=False); to log offline from the start set WANDB_MODE=offline.",
+            "W&B logging failed (%s). Every result is on disk under %s.%s To skip W&B pass --no-wandb "
+            "(Python: use_wandb=False).",
             reason,
             self.out_dir,
             later,
@@ -210,6 +230,19 @@ class Tracker:
                 logger.info(
                     "Nothing logged to W&B because the run stopped early; the files under %s are kept.", self.out_dir
                 )
+
+
+@contextlib.contextmanager
+def _quiet_logging_errors():
+    """While W&B runs: a log handler that cannot write (a full disk under W&B's own debug log) drops the record
+    instead of printing a traceback to stderr for each one (``logging.raiseExceptions``); the one warning of
+    :meth:`Tracker._warn` still says what failed."""
+    before = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = before
 
 
 def _snake(name: str) -> str:

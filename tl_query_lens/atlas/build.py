@@ -38,14 +38,16 @@ from tl_query_lens.atlas.exports import export_all
 from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_signatures
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
-    clear_partial,
+    STATIC,
     free_bytes,
     js_call,
     read_shard_meta,
     search_index,
+    shard_paths,
     write_shard,
     write_static,
 )
+from tl_query_lens.budget import check_memory
 from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
 from tl_query_lens.cli.checks import check_folder
 from tl_query_lens.cli.ranges import parse_ranges
@@ -53,6 +55,8 @@ from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.hooks import stop_layer
+from tl_query_lens.models import weights_fingerprint
+from tl_query_lens.paths import LOCK_NAME, check_owned, clear_temporaries
 from tl_query_lens.presentation import Table
 from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.results import SavableResult, atomic_write_text, read_json, write_json
@@ -172,9 +176,15 @@ def _rank_world() -> tuple[int, int]:
     return rank, world
 
 
+#: What the atlas writes in its --out: the only places where an interrupted run's temporary files are removed.
+OWNED = ("data", "shards", "meta", "results", "result", "exports", "operators", "manifest.json", *STATIC)
+
+
 def _check_out(out: Path, model: HookedTransformer) -> None:
-    """Refuse a folder that holds another model's atlas, or a file."""
+    """Refuse a file, a user's own folder (:func:`~tl_query_lens.paths.check_owned`) or a folder that holds
+    another model's atlas."""
     check_folder(out, "--out")
+    check_owned(out, "--out")
     manifest = out / "manifest.json"
     if manifest.is_file():
         record = read_json(manifest)
@@ -201,15 +211,41 @@ def _feature_ids(text: str | None, d_sae: int, slug: str) -> torch.Tensor:
 
 
 def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp: str, ops_fp: str) -> str:
+    """The content fingerprint of a dictionary's shards: the weights actually used (model and dictionary, by
+    :func:`~tl_query_lens.models.weights_fingerprint`), the corpus tokens of the pass and of the operators, and the
+    settings. A same-named model with other weights, or a retrained SAE at the same path, gets new shards."""
     record = {
         "format": FORMAT,
         "cfg": {k: str(v) for k, v in cfg.fingerprint_fields().items()},
         "model": _model_record(model),
+        "model_weights": weights_fingerprint(model),
+        "dictionary_weights": weights_fingerprint(dictionary.sae),
         "spec": dictionary.spec,
         "tokens": tokens_fp,
         "operators": ops_fp,
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _check_sizes(cfg: AtlasConfig, model: HookedTransformer, n_features: int, seq_len: int) -> None:
+    """Before the corpus pass: ``k_tokens`` within the vocabulary (else every signature would be missing) and the
+    collectors' memory (:mod:`~tl_query_lens.budget`): per feature, ``n_top`` + ``band_sample`` windows of float16
+    activations plus their values, keys and sequence ids."""
+    if cfg.k_tokens > model.cfg.d_vocab:
+        raise InputError(
+            f"--k-tokens {cfg.k_tokens} exceeds the model's vocabulary of {model.cfg.d_vocab} tokens; give "
+            f"--k-tokens ≤ {model.cfg.d_vocab}."
+        )
+    if cfg.signatures and cfg.operator_seq_len > model.cfg.n_ctx:
+        raise InputError(f"--operator-seq-len {cfg.operator_seq_len} exceeds the model context {model.cfg.n_ctx}.")
+    window = 2 * seq_len + 24
+    check_memory(
+        {
+            f"--n-top {cfg.n_top}": n_features * cfg.n_top * window,
+            f"--band-sample {cfg.band_sample}": n_features * cfg.band_sample * window,
+        },
+        f"The atlas of {n_features} features",
+    )
 
 
 def _layers(text: str, n_layers: int) -> list[int]:
@@ -288,6 +324,7 @@ def build_atlas(
             units.append(Unit(d, int(chunk[0]), chunk, fp))
     done = {(u.dictionary.slug, u.start) for u in units if _finished(out, u)}
     mine = [u for u in _assign(units, len(dictionaries), rank, world) if (u.dictionary.slug, u.start) not in done]
+    _check_sizes(cfg, model, sum(len(u.ids) for u in mine), int(tokens.shape[1]))
     need = sum(len(u.ids) for u in mine) * BYTES_PER_FEATURE_ESTIMATE
     if mine and free_bytes(out) < need:
         raise InputError(
@@ -296,7 +333,8 @@ def build_atlas(
             f"({len(done)}) are kept and a rerun resumes."
         )
     out.mkdir(parents=True, exist_ok=True)
-    clear_partial(out)
+    (out / LOCK_NAME).touch()  # the marker of a folder tlql writes (the command line's lock file when it holds one)
+    clear_temporaries(out, OWNED)
     if rank == 0:
         write_json(out / "manifest.json", {"format": FORMAT, "model": _model_record(model)})
     seconds["checks"] = time.perf_counter() - start_time
@@ -341,8 +379,28 @@ def build_atlas(
 
 
 def _finished(out: Path, unit: Unit) -> bool:
+    """Whether ``unit``'s shard can be reused: its content fingerprint (weights, tokens, settings) and feature ids
+    match, and both of its files still have the SHA-256 recorded when they were written (a truncated or edited
+    ``.json`` / ``.js`` is rebuilt)."""
     shard = read_shard_meta(out, unit.dictionary.slug, unit.start)
-    return shard is not None and shard.get("fingerprint") == unit.fingerprint and shard.get("ids") == unit.ids.tolist()
+    if shard is None or shard.get("fingerprint") != unit.fingerprint or shard.get("ids") != unit.ids.tolist():
+        return False
+    js, raw = shard_paths(out, unit.dictionary.slug, unit.start)
+    return all(
+        isinstance(shard.get(key), str) and _sha256(path) == shard[key]
+        for key, path in (("js_sha256", js), ("json_sha256", raw))
+    )
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _attached(cfg: AtlasConfig, dictionaries: list[AtlasDictionary]) -> dict[str, list[SavableResult]]:
@@ -536,7 +594,7 @@ def _guard_disk(out: Path, write, *args) -> None:
     except OSError as err:
         if err.errno != errno.ENOSPC:
             raise
-        clear_partial(out)
+        clear_temporaries(out, OWNED)
         raise InputError(
             f"The disk holding {out} is full. The finished shards are kept; free some space and rerun the same "
             "command to resume."

@@ -16,8 +16,8 @@ Layout of ``out/``::
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
-import os
 import shutil
 from importlib.resources import files
 from pathlib import Path
@@ -49,14 +49,22 @@ def write_shard(out: Path, slug: str, start: int, strings: list[str], features: 
     raw and gzip sizes): a shard whose JavaScript is missing is redone; a missing sidecar is rebuilt from the JSON."""
     js, raw = shard_paths(out, slug, start)
     payload = {"strings": strings, "features": features}
-    atomic_write_text(raw, json.dumps({**meta, **payload}, separators=(",", ":"), ensure_ascii=False))
+    body = json.dumps({**meta, **payload}, separators=(",", ":"), ensure_ascii=False)
+    atomic_write_text(raw, body)
     text = js_call("shard", slug, start, payload)
     atomic_write_text(js, text)
-    _write_meta(out, slug, start, meta, text.encode("utf-8"))
+    _write_meta(out, slug, start, meta, text.encode("utf-8"), body.encode("utf-8"))
 
 
-def _write_meta(out: Path, slug: str, start: int, meta: dict, js_bytes: bytes) -> dict:
-    sizes = {"js_bytes": len(js_bytes), "js_gzip_bytes": len(gzip.compress(js_bytes, 6))}
+def _write_meta(out: Path, slug: str, start: int, meta: dict, js_bytes: bytes, raw_bytes: bytes) -> dict:
+    """The sidecar: ``meta``'s keys, the JavaScript's sizes, and the SHA-256 of both shard files (a resume reuses
+    a shard only when both files still match: a truncated or edited file is rebuilt)."""
+    sizes = {
+        "js_bytes": len(js_bytes),
+        "js_gzip_bytes": len(gzip.compress(js_bytes, 6)),
+        "js_sha256": hashlib.sha256(js_bytes).hexdigest(),
+        "json_sha256": hashlib.sha256(raw_bytes).hexdigest(),
+    }
     record = {**{k: meta[k] for k in META_KEYS if k in meta}, **sizes}
     atomic_write_text(_meta_path(out, slug, start), json.dumps(record, separators=(",", ":"), ensure_ascii=False))
     return record
@@ -93,7 +101,7 @@ def read_shard_meta(out: Path, slug: str, start: int) -> dict | None:
     shard = read_shard(out, slug, start)
     if shard is None or not all(k in shard for k in META_KEYS):
         return None
-    return _write_meta(out, slug, start, shard, js.read_bytes())
+    return _write_meta(out, slug, start, shard, js.read_bytes(), raw.read_bytes())
 
 
 def write_static(out: Path) -> None:
@@ -122,12 +130,3 @@ def free_bytes(folder: Path) -> int:
     while not probe.exists():
         probe = probe.parent
     return shutil.disk_usage(probe).free
-
-
-def clear_partial(out: Path) -> None:
-    """Remove temporary files a killed run left behind."""
-    for tmp in out.rglob(".*.tmp"):
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass

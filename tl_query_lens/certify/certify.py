@@ -189,7 +189,7 @@ class CertifyConfig:
 
     RANGES: ClassVar[dict[str, str]] = {
         "k": "[1, inf)",
-        "delta": "(0, 1)",
+        "delta": "[1e-300, 1)",  # below it ln(6/delta) overflows: no bound is finite
         "alpha": "(0, 1)",
         "n_schedule": "[1, inf)",
         "batch_size": "[1, inf)",
@@ -199,8 +199,8 @@ class CertifyConfig:
     def __post_init__(self) -> None:
         if self.exclude_first_positions < 0:
             raise InputError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
-        if not 0 < self.delta < 1:
-            raise InputError(f"delta must lie strictly between 0 and 1 (delta must be in (0, 1)), got {self.delta}.")
+        if not 1e-300 <= self.delta < 1:  # smaller: ln(6/delta) overflows and the bound is infinite
+            raise InputError(f"delta must lie in [1e-300, 1) (delta must be in [1e-300, 1)), got {self.delta}.")
         if not 0 < self.alpha < 1:
             raise InputError(f"alpha must lie strictly between 0 and 1 (alpha must be in (0, 1)), got {self.alpha}.")
         if self.rule not in ("topk", "native"):

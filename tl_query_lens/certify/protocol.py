@@ -151,7 +151,7 @@ class ProtocolCertifyConfig:
         "n_eval": "[1, inf)",
         "seq_len": "[1, inf)",
         "k": "[1, inf)",
-        "delta": "(0, 1)",
+        "delta": "[1e-300, 1)",  # below it ln(6/delta) overflows: no bound is finite
         "alpha": "(0, 1)",
         "batch_size": "[1, inf)",
         "seed": "[0, 4294967295]",

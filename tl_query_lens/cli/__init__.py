@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 
@@ -65,6 +66,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (accepted anywhere on the command line)"
     )
+    parser.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="memory budget, e.g. 8G: sizes set by options that would exceed it are refused before any work "
+        "(default: the memory available; accepted anywhere on the command line; also TLQL_MAX_MEMORY)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"tl_query_lens.cli.{name}").add_parser(subparsers)
@@ -80,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    argv, max_memory = _pop_max_memory(argv)
     parser = build_parser(command="")
     choices = subcommands(parser)
     name = next((word for word in argv if word in choices), None)  # the subcommand named: configure it alone
@@ -93,9 +101,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from tl_query_lens import interrupts
-    from tl_query_lens.errors import InputError  # light: torch is imported by the command itself
+    from tl_query_lens.errors import InputError, boundary_error  # light: torch is imported by the command itself
 
     command = " ".join(c for c in (args.command, getattr(args, "action", None)) if c)
+    if max_memory is not None:
+        from tl_query_lens import budget
+
+        try:
+            os.environ[budget.ENV] = str(budget.parse_size(max_memory, "--max-memory"))
+        except InputError as err:
+            print(f"tlql {command}: error: {err}", file=sys.stderr)
+            return 2
     out_of_range = options_cache.check_ranges(parser, args)  # before any config (and torch) is imported
     if out_of_range:
         print(f"tlql {command}: error: {out_of_range}", file=sys.stderr)
@@ -111,18 +127,39 @@ def main(argv: list[str] | None = None) -> int:
         print("(add --debug to see the traceback)", file=sys.stderr)
         return 2
     except BaseException as err:
-        if debug or not interrupts.is_interrupt(err):
+        if debug:
             raise
-        return interrupts.report(err, command)
+        if interrupts.is_interrupt(err):
+            return interrupts.report(err, command)
+        mapped = boundary_error(err)  # a library's error that a file, option or the machine caused: one line
+        if mapped is None:
+            raise
+        print(f"tlql {command}: error: {mapped}", file=sys.stderr)
+        print("(add --debug to see the traceback)", file=sys.stderr)
+        return 2
+
+
+def _pop_max_memory(argv: list[str]) -> tuple[list[str], str | None]:
+    """``--max-memory SIZE`` / ``--max-memory=SIZE`` taken out of ``argv`` wherever it stands."""
+    rest, value = [], None
+    words = iter(argv)
+    for word in words:
+        if word == "--max-memory":
+            value = next(words, "")
+        elif word.startswith("--max-memory="):
+            value = word.split("=", 1)[1]
+        else:
+            rest.append(word)
+    return rest, value
 
 
 @contextlib.contextmanager
 def _output_folder(args: argparse.Namespace) -> Iterator[None]:
-    """Check ``--out`` (a folder that can be created and written, with plain component names) and hold its lock
-    while the command runs, so two runs never write one folder; a folder this run created and left empty (the
+    """Check ``--out`` (a folder that can be created and written, with plain component names, new or empty or written
+    by tlql before: :func:`~tl_query_lens.paths.check_owned`) and hold its lock while the command runs, so two runs never write one folder; a folder this run created and left empty (the
     command stopped on a user error) is removed again."""
     from tl_query_lens.cli.run import check_wandb_mode
-    from tl_query_lens.paths import LOCK_NAME, check_folder, folder_lock
+    from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, folder_lock
 
     if getattr(args, "wandb", False):
         check_wandb_mode()
@@ -131,6 +168,7 @@ def _output_folder(args: argparse.Namespace) -> Iterator[None]:
         yield
         return
     folder = check_folder(out, "--out")
+    check_owned(folder, "--out")  # a user's own folder is refused before any work: nothing of theirs is overwritten
     created = not folder.exists()
     try:
         with folder_lock(folder, "--out"):

@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tl_query_lens.atlas import AtlasConfig, build_atlas
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.cli.checks import check_limits, check_run
     from tl_query_lens.cli.common import load_model, tracker
 
     run_cfg = build(RunConfig, args, exclude=RUN_SKIP, out=str(args.out), corpus=args.corpus, seed=args.seed)
@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         (lambda **kw: AtlasConfig.preset_quick(**{k: v for k, v in kw.items() if k in given})) if args.quick else None
     )
     cfg = build(AtlasConfig, args, factory=factory)
-    check_run(run_cfg, seq_len=cfg.seq_len)
+    dims = check_run(run_cfg, seq_len=cfg.seq_len, operator_seq_len=cfg.operator_seq_len)
+    check_limits(dims, {"--k-tokens": (cfg.k_tokens, "d_vocab")}, run_cfg.model)
     model = load_model(run_cfg)
     result = build_atlas(model, cfg.dictionary, cfg)
     if result.rank == 0:

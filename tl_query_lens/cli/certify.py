@@ -50,6 +50,7 @@ def _check_n_eval(n_eval: int | None, d_vocab: int, cfg) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tl_query_lens.budget import check_memory
     from tl_query_lens.certify import protocol
     from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
     from tl_query_lens.certify.sweep import LayerSweep
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = build(protocol.ProtocolCertifyConfig, args, checkpoint_dir=checkpoint)
     dims = check_run(run_cfg, folders={"--checkpoint-dir": getattr(args, "checkpoint_dir", None)}, seq_len=cfg.seq_len)
     sources = parse_sources(run_cfg.dictionary)
-    parse_layers(run_cfg.layers, dims.n_layers if dims else None)
+    n_layers = len(parse_layers(run_cfg.layers, dims.n_layers if dims else None) or [0])
+    n_dicts = sum(n_layers if s.kind == "ffkv" and s.layer is None else 1 for s in sources)
+    check_memory({f"--bins {cfg.bins}": 3 * 8 * cfg.bins * 2 * (n_dicts + 1)}, "certify")
     if dims is not None:
         _check_n_eval(cfg.n_eval, dims.d_vocab, cfg)
     if cfg.rule == "topk" and all(s.kind == "ffkv" for s in sources):

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from tl_query_lens import errors
 from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.corpus import read_documents
 from tl_query_lens.errors import InputError, MissingFileError
@@ -114,14 +113,8 @@ def check_model_name(name: str) -> ModelDims | None:
 
 
 def check_device(device: str | None) -> None:
-    if device is None:
-        return
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise InputError(f"--device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'.") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: CUDA is not available here; use --device cpu.")
+    """``--device``: a torch device that exists here (see :func:`tl_query_lens.errors.check_device`)."""
+    errors.check_device(device, "--device")
 
 
 def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_lens: int | None) -> ModelDims | None:
@@ -133,6 +126,12 @@ def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_le
         if path:
             check_folder(path, what)
     check_corpus(run.corpus)
+    if dims is not None:  # FF-KV layers of --dictionary against the model, before it loads
+        from tl_query_lens.sources import check_ffkv_layer, parse_source
+
+        for item in ",".join(run.dictionary or ()).split(","):
+            if item.strip().startswith("ffkv"):
+                check_ffkv_layer(parse_source(item), dims.n_layers)
     for name, length in {"seq_len": run.seq_len, **seq_lens}.items():
         if dims is not None and length is not None and length > dims.n_ctx:
             raise InputError(f"--{name.replace('_', '-')} {length} exceeds the model context {dims.n_ctx}.")

@@ -67,10 +67,13 @@ def configure_fit(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    import contextlib
     from pathlib import Path
 
+    from tl_query_lens.budget import check_memory
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model, tracker
+    from tl_query_lens.paths import folder_lock
     from tl_query_lens.readout.fit import ReadoutFitConfig, fit_readout
     from tl_query_lens.readout.registry import cached_sae_path
 
@@ -81,22 +84,37 @@ def run_fit(args: argparse.Namespace) -> int:
         args,
         factory=lambda **kw: ReadoutFitConfig.preset(options.preset, **{k: v for k, v in kw.items() if k in given}),
     )
-    check_run(run_cfg, folders={"--save": options.save}, seq_len=cfg.seq_len)
-    model = load_model(run_cfg)
-    fit = fit_readout(model, cfg=cfg)
-    fit.save(run_cfg.out)
-    with tracker(run_cfg, "readout-fit", args, fit=cfg) as track:
-        for record in fit.history:
-            track.log_scalars("train", record, step=int(record["step"]))
-        track.log_scalars("final", fit.final)
-        if fit.history:
-            track.log_table("train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
-    target = (
-        Path(options.save)
+    dims = check_run(run_cfg, folders={"--save": options.save}, seq_len=cfg.seq_len)
+    if dims is not None and dims.d_model:  # the embedded model's width is known before it loads
+        width = cfg.width or cfg.width_mult * dims.d_model
+        check_memory(
+            {
+                f"--width {width}": 4 * 4 * 2 * dims.d_model * width,
+                f"--batch-rows {cfg.batch_rows}": 4 * 3 * cfg.batch_rows * width,
+            },
+            "readout fit",
+        )
+    base = options.sae_id or options.preset
+    # the user cache's entry is locked before any work: a second `readout fit` of the same id is refused, naming the
+    # first (a --save folder is the user's own: written once at the end, not shared)
+    entry = cached_sae_path(run_cfg.model, base)
+    lock = (
+        contextlib.nullcontext()
         if options.save
-        else cached_sae_path(run_cfg.model, fit.cache_id(options.sae_id or options.preset))
+        else folder_lock(entry.parent, "the readout cache", name=f".{entry.name[:100]}.tlql.lock")
     )
-    fit.sae.save_model(target)
+    with lock:
+        model = load_model(run_cfg)
+        fit = fit_readout(model, cfg=cfg)
+        fit.save(run_cfg.out)
+        with tracker(run_cfg, "readout-fit", args, fit=cfg) as track:
+            for record in fit.history:
+                track.log_scalars("train", record, step=int(record["step"]))
+            track.log_scalars("final", fit.final)
+            if fit.history:
+                track.log_table("train_history", list(fit.history[0]), [list(r.values()) for r in fit.history])
+        target = Path(options.save) if options.save else cached_sae_path(run_cfg.model, fit.cache_id(base))
+        fit.sae.save_model(target)
     print(f"Readout SAE saved to {target} ({fit.seconds:.0f} s): " + json.dumps(fit.final))
     return 0
 

@@ -61,6 +61,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from tl_query_lens.budget import check_memory
     from tl_query_lens.cli.checks import check_corpus, check_device, check_model_name
     from tl_query_lens.cli.common import load_model
     from tl_query_lens.cli.ranges import parse_layers
@@ -73,6 +74,15 @@ def run_train(args: argparse.Namespace) -> int:
     check_corpus(cfg.corpus)
     layers = ",".join(map(str, cfg.layers))
     parse_layers(layers, dims.n_layers if dims else None)
+    if dims is not None and dims.d_model:
+        n_dicts = len(cfg.layers) * len(cfg.kinds)
+        check_memory(
+            {
+                f"--d-sae {cfg.d_sae}": n_dicts * 4 * 4 * 2 * dims.d_model * cfg.d_sae,
+                f"--batch-size {cfg.batch_size_tokens}": n_dicts * 4 * 3 * cfg.batch_size_tokens * cfg.d_sae,
+            },
+            "saes train",
+        )
     model = load_model(run_cfg)
     parse_layers(layers, model.cfg.n_layers)
     result = train_saes(model, cfg, resume=not args.restart)

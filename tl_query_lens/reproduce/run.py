@@ -15,6 +15,7 @@ retrained suite or readout SAE under the same release and id.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -28,13 +29,13 @@ from typing import Any, ClassVar, Literal
 
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import InputError, MissingFileError
+from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, check_json_shape
 from tl_query_lens.presentation import Table
-from tl_query_lens.releases import shipped_only
+from tl_query_lens.releases import shipped_only, shipped_root
 from tl_query_lens.reproduce import rows as row_table
 from tl_query_lens.reproduce.experiments import EXPERIMENTS
 from tl_query_lens.reproduce.rows import Row, rows_for
-from tl_query_lens.results import SavableResult, atomic_write_text
+from tl_query_lens.results import SavableResult, atomic_write_text, read_json
 
 DOCUMENTED = Path(__file__).with_name("documented.json")
 
@@ -157,7 +158,18 @@ def load_documented(path: Path | None = None) -> dict[str, dict[str, dict[str, A
     path = path or DOCUMENTED
     if not path.exists():
         return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    fix = (
+        "Restore it (`git checkout -- tl_query_lens/reproduce/documented.json`), or delete it to compare with "
+        "nothing and rerun with --record"
+    )
+    documented = read_json(path, fix=f"{fix}.")
+    for size, rows in documented.items():
+        check_json_shape(rows, f"{path} [{size!r}]", f"{fix}.")
+        for row_id, entry in rows.items():
+            check_json_shape(entry, f"{path} [{size!r}][{row_id!r}]", f"{fix}.", keys=("value", "lo", "hi"))
+            if not all(isinstance(entry[k], (int, float)) and not isinstance(entry[k], bool) for k in ("lo", "hi")):
+                raise CorruptFileError(f"{path} [{size!r}][{row_id!r}]", "'lo' and 'hi' are not numbers", f"{fix}.")
+    return documented
 
 
 def _interval(row: Row, value: float, lo: float | None, hi: float | None) -> tuple[float, float]:
@@ -180,17 +192,38 @@ def missing_needs(name: str) -> str | None:
     return None
 
 
-def _saved(name: str, size: str, out: Path) -> bool:
-    """Whether ``out`` holds experiment ``name``'s result of this size (a rerun loads it)."""
+def _content_key(name: str, model, size: str) -> str:
+    """The content fingerprint of an experiment's result: the model's weights (``weights_fingerprint``), the
+    shipped dictionaries (their release manifests hold every file's SHA-256), the size and its settings."""
+    from tl_query_lens.models import weights_fingerprint
+
+    release = hashlib.sha256()
+    for manifest in sorted(shipped_root().glob("*/manifest.json")):
+        release.update(manifest.read_bytes())
+    record = {
+        "size": size,
+        "settings": EXPERIMENTS[name].sizes.get(size),
+        "model": weights_fingerprint(model) if model is not None else None,
+        "release": release.hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _saved(name: str, size: str, out: Path, model=None) -> bool:
+    """Whether ``out`` holds experiment ``name``'s result of this size, computed from the same content (model
+    weights, shipped dictionaries, settings): only then does a rerun load it."""
     marker = out / "experiments" / name / "size.json"
-    return marker.exists() and json.loads(marker.read_text(encoding="utf-8")).get("size") == size
+    if not marker.exists():
+        return False
+    saved = read_json(marker, fix=f"Delete {marker.parent} and rerun.")
+    return saved.get("size") == size and saved.get("fingerprint") == _content_key(name, model, size)
 
 
 def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float]):
     experiment = EXPERIMENTS[name]
     folder = out / "experiments" / name
     marker = folder / "size.json"
-    if _saved(name, size, out):
+    if _saved(name, size, out, model):
         print(f"[{name}] loaded from {folder} (delete it to measure again)", flush=True)
         seconds[name] = 0.0
         return experiment.result_cls.load(folder / "result")
@@ -200,7 +233,8 @@ def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float
         result = experiment.run(model, size, folder)  # type: ignore[arg-type]
     seconds[name] = time.perf_counter() - start
     result.save(folder / "result")
-    atomic_write_text(marker, json.dumps({"size": size, "seconds": seconds[name]}))
+    record = {"size": size, "fingerprint": _content_key(name, model, size), "seconds": seconds[name]}
+    atomic_write_text(marker, json.dumps(record))
     print(f"[{name}] done in {seconds[name]:.0f} s", flush=True)
     return result
 
@@ -223,7 +257,7 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
     records = []
     for i, row in enumerate(rows, 1):
         if row.experiment not in results and row.experiment not in skipped:
-            why = None if _saved(row.experiment, cfg.size, out) else missing_needs(row.experiment)
+            why = None if _saved(row.experiment, cfg.size, out, model) else missing_needs(row.experiment)
             if why is not None:
                 skipped[row.experiment] = why
                 print(f"[{row.experiment}] not measured: {why}", flush=True)

@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import logging
+import pickle
 import shutil
 import signal
 import time
@@ -37,6 +38,8 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
+from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.paths import folder_lock
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
 from tl_query_lens.saes.registry import SAES_RELEASES, sae_id, suite_hooks
@@ -343,9 +346,23 @@ def train_saes(
 
     Raises:
         IndexError: a layer outside the model. ValueError: a corpus too small for the requested sequences.
-        RuntimeError: a checkpoint that cannot be read (its folder is named; nothing is deleted).
+        CorruptFileError: a checkpoint that cannot be read (its folder is named; nothing is deleted).
+        LockedError: another process is training into the same release folder (its pid is named).
     """
     cfg = resolve_config(SAESuiteConfig, cfg, overrides)
+    root = Path(folder) if folder is not None else SAES_RELEASES.root() / SAES_RELEASES.release_name(cfg.model)
+    with folder_lock(root, "the release folder"):  # two trainings of one release never replace each other's files
+        return _train_locked(model, cfg, root, tokens, folder, resume)
+
+
+def _train_locked(
+    model: HookedTransformer,
+    cfg: SAESuiteConfig,
+    root: Path,
+    tokens: torch.Tensor | None,
+    folder: str | Path | None,
+    resume: bool,
+) -> SAESuiteResult:
     n_layers = model.cfg.n_layers
     bad = [layer for layer in cfg.layers if not 0 <= layer < n_layers]
     if bad:
@@ -353,7 +370,6 @@ def train_saes(
             f"Layers {bad} are out of range; this model has layers 0..{n_layers - 1} "
             f"(e.g. --layers {','.join(str(x) for x in range(0, n_layers, max(1, n_layers // 4)))})."
         )
-    root = Path(folder) if folder is not None else SAES_RELEASES.root() / SAES_RELEASES.release_name(cfg.model)
     train_dir = root / ".train"
     ckpt_dir = train_dir / "checkpoints"
     names = {sae_id(kind, layer): (kind, layer) for layer in cfg.layers for kind in cfg.kinds}
@@ -510,12 +526,24 @@ def _resume(trainer: _CheckpointingTrainer, data: ShuffledEpochs, ckpt_dir: Path
     try:
         trainer.load_checkpoint(newest)
         data.position = int(json.loads((newest / "data_position.json").read_text(encoding="utf-8"))["position"])
-    except (OSError, RuntimeError, KeyError, ValueError, json.JSONDecodeError, SafetensorError) as err:
+    except (
+        OSError,
+        RuntimeError,
+        KeyError,
+        ValueError,
+        TypeError,
+        EOFError,
+        pickle.UnpicklingError,
+        SafetensorError,
+    ) as err:  # UnpicklingError: torch.load(weights_only=True) refused a crafted or corrupt trainer_state.pt
         older = f" The previous checkpoint {found[-2]} is intact." if len(found) > 1 else ""
-        raise RuntimeError(
-            f"Cannot resume from the checkpoint {newest} ({type(err).__name__}: {err}).{older} Move that folder "
-            f"away (e.g. `mv {newest} {newest.parent / ('corrupt-' + newest.name)}`) and rerun to resume from the "
-            "one before, or rerun with --restart (resume=False) to start again; nothing has been deleted."
+        reason = " ".join(str(err).split())[:200]
+        raise CorruptFileError(
+            newest,
+            f"cannot be resumed from ({type(err).__name__}: {reason})",
+            f"{older.strip()} Move that folder away (e.g. `mv {newest} {newest.parent / ('corrupt-' + newest.name)}`) "
+            "and rerun to resume from the one before, or rerun with --restart (resume=False) to start again; "
+            "nothing has been deleted.",
         ) from err
     trainer.checkpoint_thresholds = [t for t in trainer.checkpoint_thresholds if t > trainer.n_training_samples]
     logger.info("resumed from %s (%d samples)", newest, trainer.n_training_samples)
