@@ -172,3 +172,60 @@ def test_keyboard_navigation(browser, atlas):
     ActionChains(browser).send_keys(Keys.ENTER).perform()
     _wait(browser, "#top-contexts")
     assert "#f/" in browser.current_url
+
+
+DEAD_ENDS = ("not in its data file", "not in this atlas", "Missing data file", "No dictionary")
+
+
+@pytest.fixture(scope="module")
+def sparse_atlas(tmp_path_factory) -> Path:
+    """Built features that are neither consecutive nor one shard per range: the case of the demo's atlas."""
+    model = tiny_model("gelu_ln")
+    out = tmp_path_factory.mktemp("sparse")
+    cfg = AtlasConfig(
+        out=out,
+        dictionary=("ffkv:1", "ffkv:2"),
+        features="1,3,4,9-12,30,63",
+        n_tokens=8 * 16,
+        seq_len=16,
+        shard_size=3,
+        signatures=False,
+    )
+    tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=16)
+    build_atlas(model, None, cfg, tokens=tokens, operator_tokens=tiny_tokens(model, 2, 8, seed=1), progress=False)
+    return out
+
+
+def _walk(browser, atlas: Path, page_size: int) -> dict[str, str]:
+    """Every in-page link reachable from the home page, visited once; route → the text its page shows."""
+    _open(browser, atlas)
+    _wait(browser, "#dictionaries")
+    browser.execute_script(f"ATLAS.setPageSize({page_size});")
+    seen: dict[str, str] = {}
+    todo = ["#"]
+    while todo:
+        route = todo.pop()
+        if route in seen:
+            continue
+        browser.execute_script("location.hash = arguments[0];", route)
+        hashed = "" if route == "#" else route
+        _wait(browser, f"main[data-route='{hashed}']")
+        seen[route] = browser.find_element("id", "main").text
+        hrefs = browser.execute_script(
+            "return Array.from(document.querySelectorAll('a[href^=\"#\"]')).map(a => a.getAttribute('href'))"
+        )
+        todo.extend(h for h in hrefs if h not in seen)
+    return seen
+
+
+def test_every_link_of_an_atlas_leads_to_a_built_feature(browser, sparse_atlas):
+    pages = _walk(browser, sparse_atlas, page_size=4)
+    dead = {route: text for route, text in pages.items() if any(s in text for s in DEAD_ENDS)}
+    assert dead == {}
+    built = [1, 3, 4, 9, 10, 11, 12, 30, 63]
+    for slug in ("1-ffkv", "2-ffkv"):
+        assert {r for r in pages if r.startswith(f"#f/{slug}/")} == {f"#f/{slug}/{i}" for i in built}
+        pager = {f"#d/{slug}", f"#d/{slug}/1", f"#d/{slug}/2"}  # 9 features, 4 a page
+        assert {r for r in pages if r.startswith(f"#d/{slug}")} == pager
+    assert "← 4" in pages["#f/1-ffkv/9"] and "10 →" in pages["#f/1-ffkv/9"]  # ← / → step through built features
+    assert "← 30" in pages["#f/1-ffkv/63"] and "→" not in pages["#f/1-ffkv/63"].split("\n")[0]

@@ -39,6 +39,7 @@ from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_sign
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
     clear_partial,
+    feature_runs,
     free_bytes,
     js_call,
     read_shard_meta,
@@ -552,7 +553,7 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
     for d in tqdm(dictionaries, desc="atlas: index", disable=True):
         starts = [u.start for u in units if u.dictionary.slug == d.slug]
         n = 0
-        ranges = []
+        ranges, built = [], []
         for s in starts:
             shard = read_shard_meta(out, d.slug, s)
             if shard is None:
@@ -561,6 +562,7 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
             shard_gzip += shard["js_gzip_bytes"]
             n += len(shard["ids"])
             ranges.append([s, shard["ids"][0], shard["ids"][-1], len(shard["ids"])])
+            built.extend(shard["ids"])
             for key, refs in shard["postings"].items():
                 postings.setdefault(key, []).extend((d.slug, f, w) for f, w in refs)
         total += n
@@ -579,6 +581,7 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
                 "d_sae": d.d_sae,
                 "n_features": n,
                 "shards": ranges,
+                "built": feature_runs(built),
                 "read_hook": d.read_hook,
                 "write_hook": d.write_hook,
                 "sections": sections,

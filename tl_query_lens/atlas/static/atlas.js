@@ -1,7 +1,7 @@
 /* Feature atlas: a static application over data files loaded with <script src> (works from file://). */
 "use strict";
 var ATLAS = (function () {
-  var state = { index: null, search: null, shards: {}, waiting: {}, dicts: {} };
+  var state = { index: null, search: null, shards: {}, waiting: {}, dicts: {}, pageSize: 512 };
 
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
@@ -24,14 +24,28 @@ var ATLAS = (function () {
     var m = main();
     m.innerHTML = "";
     nodes.forEach(function (n) { if (n) m.appendChild(n); });
+    m.setAttribute("data-route", location.hash);  /* the page of this route is drawn (tests wait for it) */
     document.title = (title ? title + " — " : "") + "Feature atlas";
   }
   function featureHref(slug, i) { return "#f/" + encodeURIComponent(slug) + "/" + i; }
 
   /* ----- data loading ----- */
+  function builtIds(d) {
+    /* The built features, ascending: the index's [first, last] runs (an atlas written before they existed: every id
+       of each shard's range). */
+    var ids = [], runs = d.built || d.shards.map(function (s) { return [s[1], s[2]]; });
+    runs.forEach(function (r) { for (var i = r[0]; i <= r[1]; i++) ids.push(i); });
+    return ids;
+  }
   function index(data) {
     state.index = data;
-    data.dictionaries.forEach(function (d, n) { d.order = n; state.dicts[d.slug] = d; });
+    data.dictionaries.forEach(function (d, n) { d.order = n; d.ids = builtIds(d); state.dicts[d.slug] = d; });
+  }
+  function position(d, i) {
+    /* Where feature i is in d.ids (binary search); -1 when it was not built. */
+    var lo = 0, hi = d.ids.length;
+    while (lo < hi) { var mid = (lo + hi) >> 1; if (d.ids[mid] < i) lo = mid + 1; else hi = mid; }
+    return lo < d.ids.length && d.ids[lo] === i ? lo : -1;
   }
   function search(data) {
     state.search = data;
@@ -148,18 +162,30 @@ var ATLAS = (function () {
     });
     return el("section", {}, nodes);
   }
-  function dictionaryPage(slug) {
+  function pageHref(slug, page) { return "#d/" + encodeURIComponent(slug) + (page ? "/" + page : ""); }
+  function pager(d, page, pages) {
+    if (pages < 2) return null;
+    var items = [el("span", { cls: "muted", text: "pages:" })];
+    for (var p = 0; p < pages; p++) {
+      var first = d.ids[p * state.pageSize], last = d.ids[Math.min(d.ids.length, (p + 1) * state.pageSize) - 1];
+      var label = first + "–" + last;
+      items.push(p === page ? el("strong", { text: label }) : el("a", { href: pageHref(d.slug, p), text: label }));
+    }
+    return el("div", { cls: "pager" }, items);
+  }
+  function dictionaryPage(slug, page) {
     var d = state.dicts[slug];
     if (!d) { setMain([el("p", { text: "No dictionary " + slug + " in this atlas." })]); return; }
+    var pages = Math.max(1, Math.ceil(d.ids.length / state.pageSize));
+    page = Math.min(Math.max(0, page || 0), pages - 1);
     var nodes = [el("h1", { text: d.label }), el("p", { cls: "muted", text: d.spec + " — reads " + d.read_hook + ", writes " + d.write_hook + "; " + d.n_features + " of " + d.d_sae + " features built" })];
     d.sections.forEach(function (s) { nodes.push(section(s)); });
     if (!d.sections.length) nodes.push(el("p", { cls: "muted", text: "No quality row, certificate or absorption result was given for this dictionary." }));
-    nodes.push(el("h2", { text: "Features" }));
-    d.shards.forEach(function (s) {
-      var links = [];
-      for (var i = s[1]; i <= s[2] && links.length < s[3]; i++) links.push(el("a", { href: featureHref(slug, i), text: String(i) }));
-      nodes.push(el("div", { cls: "list" }, links));
-    });
+    nodes.push(el("h2", { text: "Features (" + d.ids.length + " built)" }));
+    nodes.push(pager(d, page, pages));
+    var shown = d.ids.slice(page * state.pageSize, (page + 1) * state.pageSize);
+    nodes.push(el("div", { cls: "list", id: "features" }, shown.map(function (i) { return el("a", { href: featureHref(slug, i), text: String(i) }); })));
+    nodes.push(pager(d, page, pages));
     setMain(nodes, d.label);
   }
   function chip(strings, pair, neg) {
@@ -219,7 +245,7 @@ var ATLAS = (function () {
   function featurePage(slug, i) {
     var d = state.dicts[slug];
     if (!d) { setMain([el("p", { text: "No dictionary " + slug + " in this atlas." })]); return; }
-    var start = shardOf(d, i);
+    var start = position(d, i) < 0 ? null : shardOf(d, i);
     if (start === null) { setMain([el("p", { text: "Feature " + i + " of " + d.label + " is not in this atlas." })]); return; }
     loadShard(slug, start, function (data) {
       if (location.hash !== featureHref(slug, i) && location.hash !== "#f/" + slug + "/" + i) return;
@@ -230,11 +256,11 @@ var ATLAS = (function () {
     });
   }
   function neighbour(d, i, step) {
-    var all = [];
-    d.shards.forEach(function (s) { all.push(s); });
-    var j = i + step;
-    for (var n = 0; n < all.length; n++) if (j >= all[n][1] && j <= all[n][2]) return j;
-    return null;
+    /* The previous / next built feature (the dictionary's ids need not be consecutive). */
+    var at = position(d, i);
+    if (at < 0) return null;
+    var j = d.ids[at + step];
+    return j === undefined ? null : j;
   }
   function renderFeature(d, f, strings) {
     var prev = neighbour(d, f.i, -1), next = neighbour(d, f.i, 1);
@@ -260,7 +286,8 @@ var ATLAS = (function () {
       nodes.push(el("table", { id: "links" }, f.links.map(function (l) {
         var target = state.dicts[l[0]];
         var name = (target ? target.label : l[0]) + " #" + l[1];
-        return el("tr", {}, [el("td", {}, [target ? el("a", { href: featureHref(l[0], l[1]), text: name }) : el("span", { text: name })]), el("td", { text: "cos " + fmt(l[2]) })]);
+        var built = target && position(target, l[1]) >= 0;  /* a link only to a feature this atlas holds */
+        return el("tr", {}, [el("td", {}, [built ? el("a", { href: featureHref(l[0], l[1]), text: name }) : el("span", { text: name })]), el("td", { text: "cos " + fmt(l[2]) })]);
       })));
     }
     if (f.readout && f.readout.length) {
@@ -281,7 +308,8 @@ var ATLAS = (function () {
     var h = decodeURIComponent(location.hash.replace(/^#/, ""));
     var m;
     if ((m = h.match(/^f\/([^\/]+)\/(\d+)$/))) featurePage(m[1], +m[2]);
-    else if ((m = h.match(/^d\/(.+)$/))) dictionaryPage(m[1]);
+    else if ((m = h.match(/^d\/([^\/]+)\/(\d+)$/))) dictionaryPage(m[1], +m[2]);
+    else if ((m = h.match(/^d\/(.+)$/))) dictionaryPage(m[1], 0);
     else if ((m = h.match(/^q\/(.*)$/))) { document.getElementById("search").value = m[1]; showSearch(m[1]); }
     else home();
   }
@@ -325,5 +353,6 @@ var ATLAS = (function () {
     window.addEventListener("hashchange", route);
     route();
   }
-  return { index: index, search: search, shard: shard, start: start, runSearch: runSearch };
+  function setPageSize(n) { state.pageSize = n; }
+  return { index: index, search: search, shard: shard, start: start, runSearch: runSearch, setPageSize: setPageSize };
 })();
