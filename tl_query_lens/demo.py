@@ -12,6 +12,7 @@ import torch
 from sae_lens import SAE
 
 from tl_query_lens.atlas import AtlasConfig, build_atlas
+from tl_query_lens.atlas.features import SHARES_TOP_K, module_shares
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import check_ranges, resolve_config
@@ -51,8 +52,9 @@ class DemoConfig:
         k: active features of that TopK proxy.
         seed: seed of the corpus windows and of the feature sample.
         use_wandb: log the run to W&B (offline unless WANDB_MODE says otherwise).
-        atlas_tokens: corpus tokens of the atlas pass behind the feature cards (their contexts and histograms); the
-            default, 768 windows of 64, is nearly all of the embedded corpus' evaluation split (769 windows).
+        atlas_tokens: corpus tokens of the atlas pass (contexts, histograms and statistics of every feature of the
+            cards' dictionary); the default, 768 windows of 64, is nearly all of the embedded corpus' evaluation split
+            (769 windows).
     """
 
     out: Path = Path("results/demo")
@@ -119,6 +121,7 @@ class DemoConfig:
 class DemoOutputs:
     out: Path
     report: Path
+    atlas: Path
     neuronpedia: Path
     wandb_dir: Path | None
     seconds: dict[str, float]
@@ -163,7 +166,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
     gen = torch.Generator().manual_seed(cfg.seed)
     features = active[torch.randperm(active.numel(), generator=gen)[: cfg.n_features]].sort().values
     lens = QueryLens(model, tokens, cache_dir=cfg.operator_cache or cache_dir() / "operators")
-    sigs = lens.signature_set(ffkv, features, k=25)  # the Table-1 method set
+    sigs = lens.signature_set(ffkv, features, k=SHARES_TOP_K)  # the Table-1 method set
     rows = []
     for name, sig in sigs.items():
         sig.save(cfg.out / "query_lens" / name)
@@ -182,27 +185,30 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 for n in names
             ]
 
-        shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))  # type: ignore[index]
-        top_shares = dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:8])
+        top_shares = module_shares(first_order, row)
         cards.append(
             FeatureCard(
                 f"layer {cfg.ql_layer} FF-KV feature {feature}",
                 key_lists=lists("LL_KEY", "QL_KEY"),
                 value_lists=lists("LL_VALUE", "QL_VALUE"),
                 module_shares=top_shares,
-                notes="per-module shares: first-order decomposition of the summed top-25 value "
-                "scores, signed; over the direct term and every downstream module they sum to "
-                "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
-                "shown)",
+                notes=f"per-module shares: first-order decomposition of the value scores summed over the top "
+                f"{SHARES_TOP_K} value tokens, signed; over the direct term and every downstream module they sum to "
+                f"1, so where modules pull opposite ways single shares exceed ±1 ({len(top_shares)} largest shown; "
+                "an atlas built with signatures shows the same values)",
                 link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
+    # Every feature of the cards' dictionary, so that no atlas link leads to a feature it lacks (the corpus pass costs
+    # the same for 8 or 1,536 features). Without signatures: for a dictionary wider than d_model they need the full
+    # d x d operators, measured at over 9 minutes for the quick demo's layer on 2 cores (docs/atlas.md, "The demo
+    # report"); the cards carry the signatures and shares.
     atlas_cfg = AtlasConfig(
         out=cfg.out / "atlas",
-        features=",".join(map(str, features.tolist())),
         corpus=cfg.corpus,
         seed=cfg.seed,
         n_tokens=cfg.atlas_tokens,
+        signatures=False,
     )
     atlas = build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
     np_path = Path(atlas.out) / "exports" / "neuronpedia"
@@ -212,8 +218,9 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
             f"Operators from {cfg.operator_seqs}×{cfg.seq_len} corpus tokens. Key: what activates the feature "
             "(LL_KEY = E·k raw; QL_KEY through the corpus-mean Jacobian from the embeddings). Value: what it promotes "
             "(LL_VALUE = W_U·LN_f(v); QL_VALUE full through the value operator). Each card's title opens the "
-            f"feature in the atlas (atlas/index.html: contexts from {cfg.atlas_tokens} corpus tokens, histogram, "
-            "every signature); the atlas also holds the Neuronpedia and circuit-tracer exports."
+            f"feature in the atlas (atlas/index.html: every feature of layer {cfg.ql_layer}'s FF-KV dictionary, "
+            f"contexts from {cfg.atlas_tokens} corpus tokens, histograms and statistics); the atlas also holds the "
+            "Neuronpedia and circuit-tracer exports."
         ),
         cards=cards,
     )
@@ -356,4 +363,11 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
         tracker.log_scalars("timing", seconds)
         tracker.log_artifact("demo-report", [report, np_path])
     wandb_dir = tracker.run_dir  # set once the tracker has finished (W&B is logged after the results)
-    return DemoOutputs(out=cfg.out, report=report, neuronpedia=np_path, wandb_dir=wandb_dir, seconds=seconds)
+    return DemoOutputs(
+        out=cfg.out,
+        report=report,
+        atlas=cfg.out / "atlas" / "index.html",
+        neuronpedia=np_path,
+        wandb_dir=wandb_dir,
+        seconds=seconds,
+    )

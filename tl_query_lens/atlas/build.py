@@ -35,7 +35,13 @@ from tl_query_lens.atlas.collect import StatsCollector
 from tl_query_lens.atlas.config import AtlasConfig
 from tl_query_lens.atlas.dictionaries import AtlasDictionary, encode, expand_specs, load_atlas_dictionaries
 from tl_query_lens.atlas.exports import export_all
-from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_signatures
+from tl_query_lens.atlas.features import (
+    SHARES_SHOWN,
+    SHARES_TOP_K,
+    neuron_links,
+    readout_tokens,
+    unit_signatures,
+)
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
     clear_partial,
@@ -596,6 +602,8 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
         "n_tokens": n_tokens,
         "config": {k: str(v) for k, v in cfg.fingerprint_fields().items()},
         "dictionaries": entries,
+        "shares_k": SHARES_TOP_K,
+        "shares_shown": SHARES_SHOWN,
         "methods": {
             "LL_VALUE": "logit lens: W_U·LN_f(v)",
             "QL_VALUE": "Query Lens, full: W_U·LN_f(M_l v) + b_U",

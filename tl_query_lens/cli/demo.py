@@ -77,6 +77,7 @@ def run_demo(args: argparse.Namespace) -> int:
     outputs = run_demo(cfg)
     print(f"results folder : {outputs.out}")
     print(f"HTML report    : {outputs.report}")
+    print(f"feature atlas  : {outputs.atlas}  (open it in a browser; it works from file://)")
     print(f"feature export : {outputs.neuronpedia}  (Neuronpedia bulk-import layout, JSONL.gz batches)")
     if outputs.wandb_dir:
         print(f"W&B run        : {outputs.wandb_dir}  (offline unless WANDB_MODE says otherwise; `wandb sync` it)")

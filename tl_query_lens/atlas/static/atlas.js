@@ -230,7 +230,7 @@ var ATLAS = (function () {
   }
   function shares(f) {
     if (!f.shares || !f.shares.length) return null;
-    var top = f.shares.slice().sort(function (a, b) { return Math.abs(b[1]) - Math.abs(a[1]); }).slice(0, 10);
+    var top = f.shares.slice().sort(function (a, b) { return Math.abs(b[1]) - Math.abs(a[1]); }).slice(0, state.index.shares_shown || 10);
     var m = Math.max.apply(null, top.map(function (p) { return Math.abs(p[1]); })) || 1;
     var rows = top.map(function (p) {
       var w = Math.round(100 * Math.abs(p[1]) / m), bar;
@@ -239,7 +239,7 @@ var ATLAS = (function () {
       return el("tr", {}, [el("td", { text: p[0] }), el("td", { cls: "barcell" }, bar), el("td", { text: fmt(p[1]) })]);
     });
     return el("div", {}, [el("h2", { text: "Per-module shares of the value signature" }),
-      el("p", { cls: "muted", text: "First-order decomposition: the direct term and each downstream module; shares sum to 1 and are signed (a module working against the signature is negative, drawn to the left)." }),
+      el("p", { cls: "muted", text: "First-order decomposition of the value scores summed over the feature's top " + (state.index.shares_k || "k") + " value tokens: the direct term and each downstream module; shares sum to 1 and are signed (a module working against the signature is negative, drawn to the left). The " + top.length + " largest by magnitude are shown." }),
       el("table", { id: "shares" }, rows)]);
   }
   function featurePage(slug, i) {
