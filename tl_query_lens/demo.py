@@ -41,14 +41,18 @@ class DemoConfig:
         ffkv_layers: layers summarised as FF-KV dictionaries.
         ql_layer: layer whose FF-KV features get key and value signatures.
         n_features: features shown as cards (seeded sample of features active on the corpus).
-        operator_seqs / seq_len: corpus for the transition operators (Query Lens).
+        operator_seqs: corpus windows of the transition operators (Query Lens).
+        seq_len: tokens per window of the operator corpus.
         operator_cache: folder where the transition operators are kept and reused by later runs (keyed by model,
             hooks, corpus fingerprint, dtype); ``None`` means ``<user cache>/operators``.
         splice_seqs: evaluation sequences for the FF-KV splice metrics.
-        readout_overrides: fields of the readout fit (``ReadoutFitConfig``) for a first fit (the full demo caps it
-            at 480 s so the first run stays near 20 minutes); a cached fit is reused.
-        readout_sae_id: name of the readout SAE in the user cache (fitted on the first run, reused after).
-        cert_layer / n_cal / n_eval: the certified FF-KV TopK-``k`` proxy and its calibration / evaluation sizes.
+        readout_overrides: fields of the readout fit (``ReadoutFitConfig``), used only when ``readout_sae_id`` is
+            neither shipped nor cached (the full demo caps that fit at 480 s).
+        readout_sae_id: id of the readout SAE, loaded with SAE.from_pretrained: 'small' ships with the package; an id
+            that is neither shipped nor in the user cache is fitted once and cached.
+        cert_layer: layer of the certified FF-KV TopK-``k`` proxy.
+        n_cal: calibration sequences of the certificate.
+        n_eval: evaluation sequences of the certificate (its N).
         k: active features of that TopK proxy.
         seed: seed of the corpus windows and of the feature sample.
         use_wandb: log the run to W&B (offline unless WANDB_MODE says otherwise).

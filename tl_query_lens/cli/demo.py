@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
-from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.options import add_options, preset_defaults
 from tl_query_lens.cli.run import RunConfig
 
 
@@ -45,6 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         taken=add_options(parser, DemoOptions, taken=taken),
         defaults=given,
         skip=("use_wandb", "readout_overrides"),
+        shown={
+            **preset_defaults({"": DemoConfig(), "--quick": DemoConfig.quick()}),
+            "operator_cache": "<user cache>/operators",
+        },
     )
     parser.set_defaults(func=run_demo)
 

@@ -77,6 +77,27 @@ def _shown(value: Any) -> str:
     return (",".join(map(str, value)) or "''") if isinstance(value, (tuple, list)) else str(value)
 
 
+def preset_defaults(presets: dict[str, Any], skip: Iterable[str] = ()) -> dict[str, str]:
+    """``shown`` texts for options whose default a preset decides: field → ``"32; --quick: 4"`` from config objects
+    (or ``{field: value}`` dicts) keyed by how each preset is chosen (``{"": DemoConfig(), "--quick": ...}``). A field
+    every preset leaves at ``None`` is not listed (its help says what ``None`` means)."""
+
+    def value(cfg: Any, name: str) -> Any:
+        return cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
+
+    names = {n for cfg in presets.values() for n in (cfg if isinstance(cfg, dict) else vars(cfg))} - set(skip)
+    out = {}
+    for name in sorted(names):
+        values = {how: value(cfg, name) for how, cfg in presets.items()}
+        if all(v is None for v in values.values()):
+            continue
+        if len({_shown(v) for v in values.values()}) == 1:
+            out[name] = _shown(next(iter(values.values())))
+        else:
+            out[name] = "; ".join(f"{how}: {_shown(v)}" if how else _shown(v) for how, v in values.items())
+    return out
+
+
 def add_options(
     parser: argparse.ArgumentParser,
     cls: type,
@@ -118,7 +139,8 @@ def add_options(
         text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
         if kind is bool:
             flag, action = (option("no_" + f.name), "store_false") if default else (flags[0], "store_true")
-            parser.add_argument(flag, dest=f.name, action=action, help=text + " (on unless given)" * bool(default))
+            off = f" On by default; {flag} turns it off." if default else ""
+            parser.add_argument(flag, dest=f.name, action=action, help=text + off)
             continue
         spec: dict[str, Any] = {
             "dest": f.name,
