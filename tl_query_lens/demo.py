@@ -206,8 +206,8 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
         )
     # Every feature of the cards' dictionary, so that no atlas link leads to a feature it lacks (the corpus pass costs
     # the same for 8 or 1,536 features). Without signatures: for a dictionary wider than d_model they need the full
-    # d x d operators, measured at over 9 minutes for the quick demo's layer on 2 cores (docs/atlas.md, "The demo
-    # report"); the cards carry the signatures and shares.
+    # d x d operators (d tangents instead of the cards' n_features; docs/atlas.md, "The demo report"); the cards
+    # carry the signatures and shares.
     atlas_cfg = AtlasConfig(
         out=cfg.out / "atlas",
         corpus=cfg.corpus,
