@@ -54,6 +54,14 @@ def browser():
     driver.quit()
 
 
+def _feature(atlas: Path, slug: str, i: int) -> dict:
+    for path in (atlas / "shards" / slug).glob("*.json"):
+        found = [f for f in json.loads(path.read_text())["features"] if f["i"] == i]
+        if found:
+            return found[0]
+    raise AssertionError(f"{slug}/{i} is not in the atlas")
+
+
 def _open(browser, atlas: Path, route: str = "") -> None:
     browser.get((atlas / "index.html").as_uri() + route)
     browser.get_log("browser")
@@ -119,7 +127,15 @@ def test_feature_page_shows_contexts_histogram_and_signatures(browser, atlas):
     assert len(colours) == len(contexts) and all(
         c.startswith(("rgba(255, 140, 0", "rgb(255, 140, 0")) for c in colours
     )  # peaks shaded
-    assert browser.find_elements(By.CSS_SELECTOR, "#hist rect")
+    hist = _feature(atlas, "1-ffkv", 5)["hist"]
+    counts = hist["counts"] + hist.get("neg", {"counts": []})["counts"]
+    bars = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#hist rect')).map(r => [r.getAttribute('class'), +r.dataset.count])"
+    )
+    assert sorted(c for _, c in bars) == sorted(counts) and sum(counts) > 0  # one bar per bin, its count
+    assert [k for k, _ in bars].count("neg") == len(hist.get("neg", {"counts": []})["counts"]) > 0  # GELU: signed
+    ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#hist .yaxis text")]
+    assert str(max(counts)) in ticks and "0" in ticks and "count" in ticks  # a count axis
     value = browser.find_element(By.ID, "value-top").text
     assert "LL_VALUE" in value and "QL_VALUE" in value and "QL_INDIRECT" in value
     assert "QL_KEY" in browser.find_element(By.ID, "key-top").text

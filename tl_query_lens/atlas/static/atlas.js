@@ -202,21 +202,42 @@ var ATLAS = (function () {
     return el("div", {}, [el("h3", { text: title }), el("div", { cls: "scroll" }, [el("table", { cls: "sigtable", id: id }, rows)])]);
   }
   function histogram(h, id) {
-    if (!h || !h.counts.length) return el("p", { cls: "muted", text: "The feature never fires on the corpus." });
-    var W = 520, H = 120, n = h.counts.length, max = Math.max.apply(null, h.counts), bw = W / n;
+    /* Positions per log bin: positive activations right of 0, negative ones (by magnitude, h.neg) mirrored to its
+       left; a count axis on the left. */
+    var neg = h && h.neg && h.neg.counts.length ? h.neg : { edges: [], counts: [] };
+    if (!h || (!h.counts.length && !neg.counts.length)) return el("p", { cls: "muted", text: "The feature is never non-zero on the corpus." });
+    var bins = [];
+    for (var k = neg.counts.length - 1; k >= 0; k--) bins.push({ c: neg.counts[k], lo: -neg.edges[k + 1], hi: -neg.edges[k], neg: true });
+    h.counts.forEach(function (c, i) { bins.push({ c: c, lo: h.edges[i], hi: h.edges[i + 1], neg: false }); });
+    var L = 46, W = 520, H = 120, n = bins.length, bw = W / n;
+    var max = Math.max.apply(null, bins.map(function (b) { return b.c; }));
     var ns = "http://www.w3.org/2000/svg";
+    function add(parent, tag, attrs, text) {
+      var node = document.createElementNS(ns, tag);
+      Object.keys(attrs).forEach(function (a) { node.setAttribute(a, attrs[a]); });
+      if (text !== undefined) node.textContent = text;
+      parent.appendChild(node);
+      return node;
+    }
     var svg = document.createElementNS(ns, "svg");
-    svg.setAttribute("width", W); svg.setAttribute("height", H + 18); svg.setAttribute("class", "hist"); svg.setAttribute("id", id);
-    svg.setAttribute("role", "img"); svg.setAttribute("aria-label", "activation histogram");
-    h.counts.forEach(function (c, i) {
-      var r = document.createElementNS(ns, "rect"), hh = max ? Math.max(1, H * c / max) : 0;
-      r.setAttribute("x", i * bw + 1); r.setAttribute("width", Math.max(1, bw - 2)); r.setAttribute("y", H - hh); r.setAttribute("height", hh);
-      var t = document.createElementNS(ns, "title"); t.textContent = fmt(h.edges[i]) + "–" + fmt(h.edges[i + 1]) + ": " + c; r.appendChild(t);
-      svg.appendChild(r);
+    svg.setAttribute("width", L + W + 4); svg.setAttribute("height", H + 20); svg.setAttribute("class", "hist"); svg.setAttribute("id", id);
+    svg.setAttribute("role", "img"); svg.setAttribute("aria-label", "activation histogram, counts of positions per bin");
+    var axis = add(svg, "g", { "class": "yaxis" });
+    add(axis, "line", { x1: L - 2, x2: L - 2, y1: 0, y2: H });
+    [max, Math.round(max / 2), 0].forEach(function (c) {
+      var y = H - (max ? H * c / max : 0);
+      add(axis, "line", { x1: L - 6, x2: L - 2, y1: y, y2: y });
+      add(axis, "text", { x: L - 8, y: Math.min(H, Math.max(9, y + 4)), "text-anchor": "end" }, String(c));
     });
-    [0, n].forEach(function (i) {
-      var t = document.createElementNS(ns, "text"); t.setAttribute("x", i === 0 ? 0 : W - 40); t.setAttribute("y", H + 14); t.textContent = fmt(h.edges[i]); svg.appendChild(t);
+    add(axis, "text", { x: 0, y: H / 2, transform: "rotate(-90 8 " + H / 2 + ")", "text-anchor": "middle" }, "count");
+    bins.forEach(function (b, i) {
+      var hh = max ? Math.max(1, H * b.c / max) : 0;
+      var r = add(svg, "rect", { x: L + i * bw + 1, width: Math.max(1, bw - 2), y: H - hh, height: hh, "class": b.neg ? "neg" : "pos", "data-count": b.c });
+      add(r, "title", {}, fmt(b.lo) + " to " + fmt(b.hi) + ": " + b.c + " positions");
     });
+    var labels = [[0, bins[0].lo, "start"], [n, bins[n - 1].hi, "end"]];
+    if (neg.counts.length && h.counts.length) labels.push([neg.counts.length, 0, "middle"]);
+    labels.forEach(function (l) { add(svg, "text", { x: L + l[0] * bw, y: H + 14, "text-anchor": l[2] }, fmt(l[1])); });
     return svg;
   }
   function context(ctx, strings, scale) {
@@ -270,7 +291,8 @@ var ATLAS = (function () {
       next !== null ? el("a", { href: featureHref(d.slug, next), id: "next", text: next + " →" }) : null]);
     var nodes = [nav, el("h1", { text: d.label + " — feature " + f.i }),
       el("p", { cls: "muted", text: "density " + fmt(f.density) + " (" + f.fires + " positions fire)  ·  max " + fmt(f.max) + "  ·  min " + fmt(f.min) })];
-    nodes.push(el("h2", { text: "Activation histogram (positive activations, log bins)" }));
+    var signed = f.hist && f.hist.neg && f.hist.neg.counts.length;
+    nodes.push(el("h2", { text: "Activation histogram (positions per log bin" + (signed ? "; negative activations left of 0" : "") + ")" }));
     nodes.push(histogram(f.hist, "hist"));
     var value = sigTable("Value — what it promotes (top)", ["LL_VALUE", "QL_VALUE", "QL_INDIRECT"], f, strings, "top", "value-top");
     var bottom = sigTable("Value — what it suppresses (bottom)", ["LL_VALUE", "QL_VALUE", "QL_INDIRECT"], f, strings, "bottom", "value-bottom");
