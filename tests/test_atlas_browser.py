@@ -54,11 +54,13 @@ def browser():
     driver.quit()
 
 
-def _feature(atlas: Path, slug: str, i: int) -> dict:
+def _feature(atlas: Path, slug: str, i: int | str, *, strings: bool = False):
+    """Feature ``i`` of ``slug`` from its shard JSON (with the shard's token strings when asked)."""
     for path in (atlas / "shards" / slug).glob("*.json"):
-        found = [f for f in json.loads(path.read_text())["features"] if f["i"] == i]
+        shard = json.loads(path.read_text())
+        found = [f for f in shard["features"] if f["i"] == int(i)]
         if found:
-            return found[0]
+            return (found[0], shard["strings"]) if strings else found[0]
     raise AssertionError(f"{slug}/{i} is not in the atlas")
 
 
@@ -106,6 +108,12 @@ def test_token_search_answers_within_the_target(browser, atlas):
     box.send_keys(token, Keys.ENTER)
     links = [a.get_attribute("href") for a in _wait(browser, "#results a")]
     assert any(h.endswith("#f/1-ffkv/5") for h in links)
+    previews = _wait(browser, "#results li .preview .snippet")  # each result: its top tokens and best context
+    expected, strings = _feature(atlas, *links[0].split("#f/")[1].split("/", 1), strings=True)
+    first = browser.find_elements(By.CSS_SELECTOR, "#results li")[0]
+    chips = [c.text for c in first.find_elements(By.CSS_SELECTOR, ".peaks .chip")]
+    top = expected["top"][0]
+    assert chips and chips[0] == strings[top["t"][top["m"]]].strip() and previews
     elapsed = browser.execute_script("return window.ATLAS_LAST_SEARCH_MS")
     assert elapsed < SEARCH_TARGET_MS
     in_page = browser.execute_script(

@@ -126,12 +126,35 @@ var ATLAS = (function () {
       })));
     }
     nodes.push(el("h2", { text: r.features.length ? "Features (ranked)" : "No feature has this token in its signatures or top contexts" }));
-    nodes.push(el("ol", { cls: "results", id: "results" }, r.features.map(function (f) {
+    var previews = [];
+    nodes.push(el("ol", { cls: "results", id: "results" }, r.features.map(function (f, n) {
       var parts = f[0].split("/"), d = state.dicts[parts[0]];
+      var box = el("div", { cls: "preview" });
+      if (d && n < PREVIEWS) previews.push([d, +parts[1], box]);
       return el("li", {}, [el("a", { href: featureHref(parts[0], parts[1]), text: (d ? d.label : parts[0]) + " #" + parts[1] }),
-        el("span", { cls: "score", text: "score " + fmt(f[1]) })]);
+        el("span", { cls: "score", text: "score " + fmt(f[1]) }), box]);
     })));
     setMain(nodes, "Search");
+    previews.forEach(function (p) { preview(p[0], p[1], p[2]); });
+  }
+  var PREVIEWS = 20;  /* results that get a preview (each loads its feature's data file) */
+  function preview(d, i, box) {
+    /* A result's top activating tokens (the peaks of its top contexts) and its best context, once its shard loads. */
+    var start = position(d, i) < 0 ? null : shardOf(d, i);
+    if (start === null) return;
+    loadShard(d.slug, start, function (data) {
+      var f = null;
+      for (var n = 0; n < data.features.length; n++) if (data.features[n].i === i) f = data.features[n];
+      if (!f || !f.top.length) return;
+      var peaks = [];
+      f.top.forEach(function (c) { var t = data.strings[c.t[c.m]]; if (peaks.indexOf(t) < 0 && peaks.length < 5) peaks.push(t); });
+      box.appendChild(el("div", { cls: "peaks" }, [el("span", { cls: "muted", text: "top tokens " })].concat(
+        peaks.map(function (t) { return el("span", { cls: "chip", text: t }); }))));
+      var c = f.top[0], from = Math.max(0, c.m - 8);
+      box.appendChild(el("div", { cls: "ctx snippet" }, c.t.slice(from, c.m + 3).map(function (t, j) {
+        return el("span", { cls: "t" + (from + j === c.m ? " peak" : ""), text: data.strings[t] });
+      })));
+    });
   }
 
   /* ----- pages ----- */
