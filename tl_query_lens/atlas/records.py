@@ -124,7 +124,7 @@ def unit_records(
             if s >= 0 and v > 0
         ]
         bands = _bands(stats, row, tokens, scale, n_bands, band_examples, before, after, skip, strings)
-        hist = _trimmed(stats.hist[row].tolist(), edges)
+        hist: dict[str, Any] = _trimmed(stats.hist[row].tolist(), edges)
         negative = _trimmed(stats.hist_neg[row].tolist(), edges)
         if negative["counts"]:
             hist["neg"] = negative  # magnitudes of the negative activations, same bins
