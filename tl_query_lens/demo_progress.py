@@ -15,21 +15,29 @@ from tl_query_lens.readout.registry import READOUT_RELEASES
 logger = logging.getLogger("tl_query_lens.demo")
 
 
-# Forward-pass equivalents per token of each step's main loop, for the time estimates (rough: the estimates are
-# rescaled by the measured/estimated ratio of the steps already finished, see Progress).
-_PASSES = {"splice": 3.0, "operators": 6.0, "atlas": 2.0, "calibration": 8.0, "evaluation": 16.0}
+# Cost of each step in units of one timed forward token (seconds_per_token), as "fixed + per token". Set from the
+# measured quick demo in docs/benchmarks/demo_quick.json (step seconds / seconds per token of that run); the split
+# into a fixed and a proportional part from the idle quick- and full-demo step times of docs/benchmarks.md
+# (2026-12-05): FF-KV, readout and the Query Lens operators barely grow from the quick to the full sizes, the atlas
+# pass and the certificate grow with their tokens. The total is then rescaled by the measured / estimated time of
+# the steps already finished (Progress.scale), so a faster or slower machine corrects it after the first step.
+_FIXED = {"ffkv": 500.0, "operators": 900.0, "readout": 400.0}
+_PER_TOKEN = {"splice": 0.1, "operators": 0.3, "atlas": 0.4, "calibration": 0.15, "evaluation": 0.75}
 
 
 def step_estimates(cfg, seconds_per_token: float) -> dict[str, tuple[float, str]]:
     """Step → (estimated seconds, the option that shrinks it), from one timed forward pass of this machine."""
-    ffkv = cfg.splice_seqs * 32 * len(cfg.ffkv_layers) * _PASSES["splice"]
-    lens = cfg.operator_seqs * cfg.seq_len * cfg.n_features * _PASSES["operators"] + cfg.atlas_tokens * _PASSES["atlas"]
-    cert = (cfg.n_cal * _PASSES["calibration"] + cfg.n_eval * _PASSES["evaluation"]) * 32
-    readout = 0.0 if cfg.readout_sae_id in READOUT_RELEASES.available_ids(cfg.model) else 1.0
+    ffkv = _FIXED["ffkv"] + cfg.splice_seqs * 32 * len(cfg.ffkv_layers) * _PER_TOKEN["splice"]
+    operators = _FIXED["operators"] + cfg.operator_seqs * cfg.seq_len * cfg.n_features * _PER_TOKEN["operators"]
+    lens = operators + cfg.atlas_tokens * _PER_TOKEN["atlas"]
+    cert = (cfg.n_cal * _PER_TOKEN["calibration"] + cfg.n_eval * _PER_TOKEN["evaluation"]) * 32
+    readout = _FIXED["readout"] * seconds_per_token
+    if cfg.readout_sae_id not in READOUT_RELEASES.available_ids(cfg.model):
+        readout += float(cfg.readout_overrides.get("max_seconds", 480.0))  # a first fit, capped at max_seconds
     return {
         "ffkv": (ffkv * seconds_per_token, "--splice-seqs"),
         "query_lens": (lens * seconds_per_token, "--atlas-tokens"),
-        "readout": (readout * float(cfg.readout_overrides.get("max_seconds", 480.0)), "--readout-sae-id small"),
+        "readout": (readout, "--readout-sae-id small"),
         "certify": (cert * seconds_per_token, "--n-eval"),
     }
 
