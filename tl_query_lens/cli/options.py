@@ -77,6 +77,16 @@ def _shown(value: Any) -> str:
     return (",".join(map(str, value)) or "''") if isinstance(value, (tuple, list)) else str(value)
 
 
+def _default_text(name: str, default: Any, text: str, shown: dict[str, str]) -> str:
+    """The help's parenthesis: ``default: <value>``; for ``None`` not the word None: nothing when the field's help
+    already says what None means, else ``default: not set``."""
+    if shown.get(name):
+        return f"default: {shown[name]}"
+    if default is not None:
+        return f"default: {_shown(default)}"
+    return "" if ("None" in text or "default" in text) else "default: not set"
+
+
 def preset_defaults(presets: dict[str, Any], skip: Iterable[str] = ()) -> dict[str, str]:
     """``shown`` texts for options whose default a preset decides: field → ``"32; --quick: 4"`` from config objects
     (or ``{field: value}`` dicts) keyed by how each preset is chosen (``{"": DemoConfig(), "--quick": ...}``). A field
@@ -142,17 +152,21 @@ def add_options(
             off = f" On by default; {flag} turns it off." if default else ""
             parser.add_argument(flag, dest=f.name, action=action, help=text + off)
             continue
+        note = _default_text(f.name, default, text, shown)
         spec: dict[str, Any] = {
             "dest": f.name,
             "default": default,
-            "help": f"{text} (default: {shown.get(f.name) or _shown(default)})",
+            "help": f"{text} ({note})" if note else text,
         }
         items = _items(kind)
         if items is not None:
             either = _flag_or_list(kind)
             values = typing.get_args(items) if typing.get_origin(items) is Literal else ("A", "B")
             spec.update(nargs="?" if either else None, const=True if either else None, action=_Join)
-            spec.update(metavar=",".join(values), help=spec["help"].replace("(default", "(comma-separated; default"))
+            listed = (
+                spec["help"].replace("(default", "(comma-separated; default") if note else f"{text} (comma-separated)"
+            )
+            spec.update(metavar=",".join(values), help=listed)
         else:
             choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
             spec.update(choices=choices, type=kind if kind in (int, float) else str)
