@@ -18,6 +18,7 @@ from tests.helpers import tiny_model, tiny_readout, tiny_tokens
 from tl_query_lens import FFKV
 from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.atlas.cards import cantor
+from tl_query_lens.atlas.collect import HIST_EDGES
 from tl_query_lens.errors import InputError
 
 SEQ = 16
@@ -81,6 +82,13 @@ def test_contexts_density_and_histogram_match_a_direct_pass(built):
         assert f["fires"] == fires
         assert f["density"] == pytest.approx(fires / acts[..., i].numel(), rel=1e-3)
         assert sum(f["hist"]["counts"]) == fires
+        negative = acts[..., i][acts[..., i] < 0].abs()  # GELU neurons are signed: their negative side, by magnitude
+        reference = torch.histogram(negative.clamp(1e-3, 1e3).float(), bins=HIST_EDGES).hist.long().tolist()
+        neg = f["hist"].get("neg", {"counts": []})
+        assert sum(neg["counts"]) == negative.numel()
+        if neg["counts"]:
+            first = next(j for j, c in enumerate(reference) if c)
+            assert reference[first : first + len(neg["counts"])] == neg["counts"]
         order = torch.sort(per_seq[:, i], descending=True, stable=True)
         expected = [(int(s), float(v)) for v, s in zip(order.values, order.indices) if v > 0][: cfg.n_top]
         assert [c["s"] for c in f["top"]] == [s for s, _ in expected]

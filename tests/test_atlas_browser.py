@@ -54,6 +54,16 @@ def browser():
     driver.quit()
 
 
+def _feature(atlas: Path, slug: str, i: int | str, *, strings: bool = False):
+    """Feature ``i`` of ``slug`` from its shard JSON (with the shard's token strings when asked)."""
+    for path in (atlas / "shards" / slug).glob("*.json"):
+        shard = json.loads(path.read_text())
+        found = [f for f in shard["features"] if f["i"] == int(i)]
+        if found:
+            return (found[0], shard["strings"]) if strings else found[0]
+    raise AssertionError(f"{slug}/{i} is not in the atlas")
+
+
 def _open(browser, atlas: Path, route: str = "") -> None:
     browser.get((atlas / "index.html").as_uri() + route)
     browser.get_log("browser")
@@ -98,6 +108,12 @@ def test_token_search_answers_within_the_target(browser, atlas):
     box.send_keys(token, Keys.ENTER)
     links = [a.get_attribute("href") for a in _wait(browser, "#results a")]
     assert any(h.endswith("#f/1-ffkv/5") for h in links)
+    previews = _wait(browser, "#results li .preview .snippet")  # each result: its top tokens and best context
+    expected, strings = _feature(atlas, *links[0].split("#f/")[1].split("/", 1), strings=True)
+    first = browser.find_elements(By.CSS_SELECTOR, "#results li")[0]
+    chips = [c.text for c in first.find_elements(By.CSS_SELECTOR, ".peaks .chip")]
+    top = expected["top"][0]
+    assert chips and chips[0] == strings[top["t"][top["m"]]].strip() and previews
     elapsed = browser.execute_script("return window.ATLAS_LAST_SEARCH_MS")
     assert elapsed < SEARCH_TARGET_MS
     in_page = browser.execute_script(
@@ -119,7 +135,15 @@ def test_feature_page_shows_contexts_histogram_and_signatures(browser, atlas):
     assert len(colours) == len(contexts) and all(
         c.startswith(("rgba(255, 140, 0", "rgb(255, 140, 0")) for c in colours
     )  # peaks shaded
-    assert browser.find_elements(By.CSS_SELECTOR, "#hist rect")
+    hist = _feature(atlas, "1-ffkv", 5)["hist"]
+    counts = hist["counts"] + hist.get("neg", {"counts": []})["counts"]
+    bars = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#hist rect')).map(r => [r.getAttribute('class'), +r.dataset.count])"
+    )
+    assert sorted(c for _, c in bars) == sorted(counts) and sum(counts) > 0  # one bar per bin, its count
+    assert [k for k, _ in bars].count("neg") == len(hist.get("neg", {"counts": []})["counts"]) > 0  # GELU: signed
+    ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#hist .yaxis text")]
+    assert str(max(counts)) in ticks and "0" in ticks and "count" in ticks  # a count axis
     value = browser.find_element(By.ID, "value-top").text
     assert "LL_VALUE" in value and "QL_VALUE" in value and "QL_INDIRECT" in value
     assert "QL_KEY" in browser.find_element(By.ID, "key-top").text
@@ -172,3 +196,60 @@ def test_keyboard_navigation(browser, atlas):
     ActionChains(browser).send_keys(Keys.ENTER).perform()
     _wait(browser, "#top-contexts")
     assert "#f/" in browser.current_url
+
+
+DEAD_ENDS = ("not in its data file", "not in this atlas", "Missing data file", "No dictionary")
+
+
+@pytest.fixture(scope="module")
+def sparse_atlas(tmp_path_factory) -> Path:
+    """Built features that are neither consecutive nor one shard per range: the case of the demo's atlas."""
+    model = tiny_model("gelu_ln")
+    out = tmp_path_factory.mktemp("sparse")
+    cfg = AtlasConfig(
+        out=out,
+        dictionary=("ffkv:1", "ffkv:2"),
+        features="1,3,4,9-12,30,63",
+        n_tokens=8 * 16,
+        seq_len=16,
+        shard_size=3,
+        signatures=False,
+    )
+    tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=16)
+    build_atlas(model, None, cfg, tokens=tokens, operator_tokens=tiny_tokens(model, 2, 8, seed=1), progress=False)
+    return out
+
+
+def _walk(browser, atlas: Path, page_size: int) -> dict[str, str]:
+    """Every in-page link reachable from the home page, visited once; route → the text its page shows."""
+    _open(browser, atlas)
+    _wait(browser, "#dictionaries")
+    browser.execute_script(f"ATLAS.setPageSize({page_size});")
+    seen: dict[str, str] = {}
+    todo = ["#"]
+    while todo:
+        route = todo.pop()
+        if route in seen:
+            continue
+        browser.execute_script("location.hash = arguments[0];", route)
+        hashed = "" if route == "#" else route
+        _wait(browser, f"main[data-route='{hashed}']")
+        seen[route] = browser.find_element("id", "main").text
+        hrefs = browser.execute_script(
+            "return Array.from(document.querySelectorAll('a[href^=\"#\"]')).map(a => a.getAttribute('href'))"
+        )
+        todo.extend(h for h in hrefs if h not in seen)
+    return seen
+
+
+def test_every_link_of_an_atlas_leads_to_a_built_feature(browser, sparse_atlas):
+    pages = _walk(browser, sparse_atlas, page_size=4)
+    dead = {route: text for route, text in pages.items() if any(s in text for s in DEAD_ENDS)}
+    assert dead == {}
+    built = [1, 3, 4, 9, 10, 11, 12, 30, 63]
+    for slug in ("1-ffkv", "2-ffkv"):
+        assert {r for r in pages if r.startswith(f"#f/{slug}/")} == {f"#f/{slug}/{i}" for i in built}
+        pager = {f"#d/{slug}", f"#d/{slug}/1", f"#d/{slug}/2"}  # 9 features, 4 a page
+        assert {r for r in pages if r.startswith(f"#d/{slug}")} == pager
+    assert "← 4" in pages["#f/1-ffkv/9"] and "10 →" in pages["#f/1-ffkv/9"]  # ← / → step through built features
+    assert "← 30" in pages["#f/1-ffkv/63"] and "→" not in pages["#f/1-ffkv/63"].split("\n")[0]

@@ -74,11 +74,51 @@ def test_demo_cards_link_into_an_atlas_of_their_features(tmp_path, monkeypatch):
     with Tracker(tmp_path / "run", name="t", use_wandb=False) as tracker:
         section, np_path = demo._query_lens_step(model, cfg, tracker)
     assert len(section.cards) == 3
+    built = sorted(f["i"] for p in (tmp_path / "atlas" / "shards" / "1-ffkv").glob("*.json") for f in _features(p))
+    assert built == list(range(model.cfg.d_mlp))  # every feature of the cards' dictionary: no link to a missing one
     for card in section.cards:
         feature = int(card.title.rsplit(" ", 1)[1])
         assert card.link == f"atlas/index.html#f/1-ffkv/{feature}"
-        shard = next((tmp_path / "atlas" / "shards" / "1-ffkv").glob("*.json")).read_text()
-        assert f'"i":{feature},' in shard
     assert (tmp_path / "atlas" / "index.html").is_file()
     assert np_path == tmp_path / "atlas" / "exports" / "neuronpedia"
     assert (np_path / "v1" / "custom" / "1-ffkv" / "source.jsonl").is_file()
+
+
+def _features(path):
+    import json
+
+    return json.loads(path.read_text())["features"]
+
+
+def test_report_card_and_atlas_page_show_the_same_module_shares(tmp_path, monkeypatch):
+    """One number per thing: the demo's card and an atlas page built with signatures on the same operator corpus give
+    a feature the same shares, summed over the same k (two code paths: the demo's signature set, the atlas units)."""
+    from types import SimpleNamespace
+
+    from tests.helpers import tiny_model, tiny_tokens
+    from tl_query_lens import demo
+    from tl_query_lens.atlas import AtlasConfig, build_atlas
+    from tl_query_lens.query_lens import QueryLens
+    from tl_query_lens.tracking import Tracker
+
+    model = tiny_model("gelu_ln")
+
+    def tokens(source, tokenizer=None, *, n_seqs=64, seq_len=32, split="train", seed=0):
+        return tiny_tokens(model, n_seqs=n_seqs, seq_len=min(seq_len, 16), seed=seed)
+
+    monkeypatch.setattr(demo, "load_corpus", tokens)
+    monkeypatch.setattr(demo, "build_atlas", lambda *a, **k: SimpleNamespace(out=tmp_path))  # no signatures there
+    cfg = demo.DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, operator_cache=tmp_path / "ops")
+    with Tracker(tmp_path / "run", name="t", use_wandb=False) as tracker:
+        section, _ = demo._query_lens_step(model, cfg, tracker)
+    cards = {int(c.title.rsplit(" ", 1)[1]): c.module_shares for c in section.cards}
+    lens = QueryLens(model, tokens(None, n_seqs=cfg.operator_seqs, seq_len=cfg.seq_len), cache_dir=tmp_path / "ops")
+    features = ",".join(map(str, sorted(cards)))
+    atlas_cfg = AtlasConfig(out=tmp_path / "atlas", features=features, n_tokens=4 * 16, seq_len=16, k_tokens=3)
+    build_atlas(model, ["ffkv:1"], atlas_cfg, tokens=tiny_tokens(model, 4, 16), lens=lens, progress=False)
+    pages = {f["i"]: f for p in (tmp_path / "atlas" / "shards" / "1-ffkv").glob("*.json") for f in _features(p)}
+    for feature, shares in cards.items():
+        page = dict(pages[feature]["shares"])
+        assert len(shares) > 1
+        for module, value in shares.items():
+            assert abs(page[module] - value) <= 1e-3 * max(1.0, abs(value)), (feature, module)

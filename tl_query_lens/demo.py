@@ -12,10 +12,12 @@ import torch
 from sae_lens import SAE
 
 from tl_query_lens.atlas import AtlasConfig, build_atlas
+from tl_query_lens.atlas.features import SHARES_TOP_K, module_shares
 from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
+from tl_query_lens.demo_progress import Progress, clock, seconds_per_token, step_estimates
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.splice import ffkv_summary
 from tl_query_lens.models import cache_dir, load_model
@@ -40,19 +42,24 @@ class DemoConfig:
         ffkv_layers: layers summarised as FF-KV dictionaries.
         ql_layer: layer whose FF-KV features get key and value signatures.
         n_features: features shown as cards (seeded sample of features active on the corpus).
-        operator_seqs / seq_len: corpus for the transition operators (Query Lens).
+        operator_seqs: corpus windows of the transition operators (Query Lens).
+        seq_len: tokens per window of the operator corpus.
         operator_cache: folder where the transition operators are kept and reused by later runs (keyed by model,
             hooks, corpus fingerprint, dtype); ``None`` means ``<user cache>/operators``.
         splice_seqs: evaluation sequences for the FF-KV splice metrics.
-        readout_overrides: fields of the readout fit (``ReadoutFitConfig``) for a first fit (the full demo caps it
-            at 480 s so the first run stays near 20 minutes); a cached fit is reused.
-        readout_sae_id: name of the readout SAE in the user cache (fitted on the first run, reused after).
-        cert_layer / n_cal / n_eval: the certified FF-KV TopK-``k`` proxy and its calibration / evaluation sizes.
+        readout_overrides: fields of the readout fit (``ReadoutFitConfig``), used only when ``readout_sae_id`` is
+            neither shipped nor cached (the full demo caps that fit at 480 s).
+        readout_sae_id: id of the readout SAE, loaded with SAE.from_pretrained: 'small' ships with the package; an id
+            that is neither shipped nor in the user cache is fitted once and cached.
+        cert_layer: layer of the certified FF-KV TopK-``k`` proxy.
+        n_cal: calibration sequences of the certificate.
+        n_eval: evaluation sequences of the certificate (its N).
         k: active features of that TopK proxy.
         seed: seed of the corpus windows and of the feature sample.
         use_wandb: log the run to W&B (offline unless WANDB_MODE says otherwise).
-        atlas_tokens: corpus tokens of the atlas pass behind the feature cards (their contexts and histograms); the
-            default, 768 windows of 64, is nearly all of the embedded corpus' evaluation split (769 windows).
+        atlas_tokens: corpus tokens of the atlas pass (contexts, histograms and statistics of every feature of the
+            cards' dictionary); the default, 768 windows of 64, is nearly all of the embedded corpus' evaluation split
+            (769 windows).
     """
 
     out: Path = Path("results/demo")
@@ -119,6 +126,7 @@ class DemoConfig:
 class DemoOutputs:
     out: Path
     report: Path
+    atlas: Path
     neuronpedia: Path
     wandb_dir: Path | None
     seconds: dict[str, float]
@@ -163,7 +171,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
     gen = torch.Generator().manual_seed(cfg.seed)
     features = active[torch.randperm(active.numel(), generator=gen)[: cfg.n_features]].sort().values
     lens = QueryLens(model, tokens, cache_dir=cfg.operator_cache or cache_dir() / "operators")
-    sigs = lens.signature_set(ffkv, features, k=25)  # the Table-1 method set
+    sigs = lens.signature_set(ffkv, features, k=SHARES_TOP_K)  # the Table-1 method set
     rows = []
     for name, sig in sigs.items():
         sig.save(cfg.out / "query_lens" / name)
@@ -182,27 +190,30 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 for n in names
             ]
 
-        shares = dict(zip(first_order.module_names or [], first_order.module_shares[row].tolist()))  # type: ignore[index]
-        top_shares = dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:8])
+        top_shares = module_shares(first_order, row)
         cards.append(
             FeatureCard(
                 f"layer {cfg.ql_layer} FF-KV feature {feature}",
                 key_lists=lists("LL_KEY", "QL_KEY"),
                 value_lists=lists("LL_VALUE", "QL_VALUE"),
                 module_shares=top_shares,
-                notes="per-module shares: first-order decomposition of the summed top-25 value "
-                "scores, signed; over the direct term and every downstream module they sum to "
-                "1, so where modules pull opposite ways single shares exceed ±1 (8 largest "
-                "shown)",
+                notes=f"per-module shares: first-order decomposition of the value scores summed over the top "
+                f"{SHARES_TOP_K} value tokens, signed; over the direct term and every downstream module they sum to "
+                f"1, so where modules pull opposite ways single shares exceed ±1 ({len(top_shares)} largest shown; "
+                "an atlas built with signatures shows the same values)",
                 link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
+    # Every feature of the cards' dictionary, so that no atlas link leads to a feature it lacks (the corpus pass costs
+    # the same for 8 or 1,536 features). Without signatures: for a dictionary wider than d_model they need the full
+    # d x d operators (d tangents instead of the cards' n_features; docs/atlas.md, "The demo report"); the cards
+    # carry the signatures and shares.
     atlas_cfg = AtlasConfig(
         out=cfg.out / "atlas",
-        features=",".join(map(str, features.tolist())),
         corpus=cfg.corpus,
         seed=cfg.seed,
         n_tokens=cfg.atlas_tokens,
+        signatures=False,
     )
     atlas = build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
     np_path = Path(atlas.out) / "exports" / "neuronpedia"
@@ -212,8 +223,9 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
             f"Operators from {cfg.operator_seqs}×{cfg.seq_len} corpus tokens. Key: what activates the feature "
             "(LL_KEY = E·k raw; QL_KEY through the corpus-mean Jacobian from the embeddings). Value: what it promotes "
             "(LL_VALUE = W_U·LN_f(v); QL_VALUE full through the value operator). Each card's title opens the "
-            f"feature in the atlas (atlas/index.html: contexts from {cfg.atlas_tokens} corpus tokens, histogram, "
-            "every signature); the atlas also holds the Neuronpedia and circuit-tracer exports."
+            f"feature in the atlas (atlas/index.html: every feature of layer {cfg.ql_layer}'s FF-KV dictionary, "
+            f"contexts from {cfg.atlas_tokens} corpus tokens, histograms and statistics); the atlas also holds the "
+            "Neuronpedia and circuit-tracer exports."
         ),
         cards=cards,
     )
@@ -336,14 +348,17 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
             ("certify", _certify_step),
         ]
         np_path = cfg.out / "atlas" / "exports" / "neuronpedia"
-        for name, step in steps:
+        progress = Progress(step_estimates(cfg, seconds_per_token(model, cfg)), start)
+        for index, (name, step) in enumerate(steps, 1):
             t0 = time.perf_counter()
-            logger.info("demo step %s", name)
+            progress.begin(index, name)
             result = step(model, cfg, tracker)
             if isinstance(result, tuple):
                 result, np_path = result
             sections.append(result)  # type: ignore[arg-type]
             seconds[name] = time.perf_counter() - t0
+            progress.end(name, seconds[name])
+        logger.info("demo: %d steps done in %s", len(steps), clock(time.perf_counter() - start))
         seconds["total"] = time.perf_counter() - start
         timing = [[k, round(v, 1)] for k, v in seconds.items()]
         sections.append(Section("Timing", tables=[(["step", "seconds"], timing)]))
@@ -356,4 +371,11 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
         tracker.log_scalars("timing", seconds)
         tracker.log_artifact("demo-report", [report, np_path])
     wandb_dir = tracker.run_dir  # set once the tracker has finished (W&B is logged after the results)
-    return DemoOutputs(out=cfg.out, report=report, neuronpedia=np_path, wandb_dir=wandb_dir, seconds=seconds)
+    return DemoOutputs(
+        out=cfg.out,
+        report=report,
+        atlas=cfg.out / "atlas" / "index.html",
+        neuronpedia=np_path,
+        wandb_dir=wandb_dir,
+        seconds=seconds,
+    )

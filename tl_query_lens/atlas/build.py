@@ -35,10 +35,17 @@ from tl_query_lens.atlas.collect import StatsCollector
 from tl_query_lens.atlas.config import AtlasConfig
 from tl_query_lens.atlas.dictionaries import AtlasDictionary, encode, expand_specs, load_atlas_dictionaries
 from tl_query_lens.atlas.exports import export_all
-from tl_query_lens.atlas.features import neuron_links, readout_tokens, unit_signatures
+from tl_query_lens.atlas.features import (
+    SHARES_SHOWN,
+    SHARES_TOP_K,
+    neuron_links,
+    readout_tokens,
+    unit_signatures,
+)
 from tl_query_lens.atlas.records import unit_records
 from tl_query_lens.atlas.site import (
     STATIC,
+    feature_runs,
     free_bytes,
     js_call,
     read_shard_meta,
@@ -610,7 +617,7 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
     for d in tqdm(dictionaries, desc="atlas: index", disable=True):
         starts = [u.start for u in units if u.dictionary.slug == d.slug]
         n = 0
-        ranges = []
+        ranges, built = [], []
         for s in starts:
             shard = read_shard_meta(out, d.slug, s)
             if shard is None:
@@ -619,6 +626,7 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
             shard_gzip += shard["js_gzip_bytes"]
             n += len(shard["ids"])
             ranges.append([s, shard["ids"][0], shard["ids"][-1], len(shard["ids"])])
+            built.extend(shard["ids"])
             for key, refs in shard["postings"].items():
                 postings.setdefault(key, []).extend((d.slug, f, w) for f, w in refs)
         total += n
@@ -637,6 +645,7 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
                 "d_sae": d.d_sae,
                 "n_features": n,
                 "shards": ranges,
+                "built": feature_runs(built),
                 "read_hook": d.read_hook,
                 "write_hook": d.write_hook,
                 "sections": sections,
@@ -651,6 +660,8 @@ def _assemble(model, cfg, dictionaries, units, attached, out: Path, result: Atla
         "n_tokens": n_tokens,
         "config": {k: str(v) for k, v in cfg.fingerprint_fields().items()},
         "dictionaries": entries,
+        "shares_k": SHARES_TOP_K,
+        "shares_shown": SHARES_SHOWN,
         "methods": {
             "LL_VALUE": "logit lens: W_U·LN_f(v)",
             "QL_VALUE": "Query Lens, full: W_U·LN_f(M_l v) + b_U",

@@ -6,8 +6,9 @@ For each feature it keeps, streaming over the corpus windows:
 * a uniform sample of ``band_sample`` windows among those where the feature fires (priority sampling: each
   (window, feature) pair gets a seeded uniform key and the largest keys are kept), from which the quantile bands
   are drawn;
-* the number of positions where it fires (activation > 0), its extremes, and a histogram of its positive
-  activations on fixed log-spaced bins (:data:`HIST_EDGES`).
+* the number of positions where it fires (activation > 0), its extremes, and histograms of its positive
+  activations and of the magnitudes of its negative ones (signed features: SwiGLU neurons) on fixed log-spaced bins
+  (:data:`HIST_EDGES`).
 
 Every random key depends only on (seed, dictionary, window), so a feature's statistics do not depend on which other
 features or dictionaries share the pass (the same files from one rank or several).
@@ -40,7 +41,8 @@ class FeatureStats:
         ids: feature ids. top_val / top_seq / top_acts: the top windows (value, window index, activation at every
             position), best first. sample_key / sample_val / sample_seq / sample_acts: the uniform sample of firing
             windows. fires: positions with activation > 0. act_max / act_min: extremes over all positions.
-            hist: counts of positive activations per log bin. n_positions: positions seen (per feature).
+            hist: counts of positive activations per log bin. hist_neg: counts of negative activations per log bin
+            of their magnitude. n_positions: positions seen (per feature).
     """
 
     ids: torch.Tensor
@@ -55,6 +57,7 @@ class FeatureStats:
     act_max: torch.Tensor
     act_min: torch.Tensor
     hist: torch.Tensor
+    hist_neg: torch.Tensor
     n_positions: int = 0
 
     def rows(self, select: torch.Tensor) -> FeatureStats:
@@ -83,6 +86,7 @@ class StatsCollector:
             act_max=torch.full((n,), float("-inf")),
             act_min=torch.full((n,), float("inf")),
             hist=torch.zeros(n, N_BINS, dtype=torch.long),
+            hist_neg=torch.zeros(n, N_BINS, dtype=torch.long),
         )
 
     def keys(self, first_seq: int, n_seqs: int, d_sae: int) -> torch.Tensor:
@@ -106,11 +110,12 @@ class StatsCollector:
         s.fires += (valid > 0).sum((0, 1))
         s.act_max = torch.maximum(s.act_max, valid.amax((0, 1)))
         s.act_min = torch.minimum(s.act_min, valid.amin((0, 1)))
-        positive = valid[valid > 0]
-        if positive.numel():
-            feature = torch.nonzero(valid > 0)[:, 2]
-            bins = (torch.bucketize(positive, HIST_EDGES[1:-1], right=True)).clamp(0, N_BINS - 1)
-            s.hist.view(-1).index_add_(0, feature * N_BINS + bins, torch.ones_like(bins))
+        for hist, mask, size in ((s.hist, valid > 0, valid), (s.hist_neg, valid < 0, -valid)):
+            picked = size[mask]
+            if picked.numel():
+                feature = torch.nonzero(mask)[:, 2]
+                bins = (torch.bucketize(picked, HIST_EDGES[1:-1], right=True)).clamp(0, N_BINS - 1)
+                hist.view(-1).index_add_(0, feature * N_BINS + bins, torch.ones_like(bins))
         seq_max = valid.amax(1).T  # [n, b]
         seqs = torch.arange(first_seq, first_seq + b).expand(len(self.ids), b)
         per_feature = acts.permute(2, 0, 1).to(torch.float16)  # [n, b, pos]

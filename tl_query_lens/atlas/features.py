@@ -7,7 +7,9 @@ Signatures come from :class:`~tl_query_lens.query_lens.QueryLens` only; nothing 
   ``QL_KEY``: Query Lens key signature.
 * ``QL_INDIRECT``: what the feature promotes through the layers after it, without its direct path: the engine's
   full direction ``M_l v`` minus the direct term ``v``, through ``LN_f`` and ``W_U`` like every value signature.
-* module shares: the engine's first-order decomposition (``QL_VALUE_1st``), per downstream module.
+* module shares: the engine's first-order decomposition (``QL_VALUE_1st``), per downstream module, over the
+  feature's top :data:`SHARES_TOP_K` value tokens whatever ``k_tokens`` is (the demo's cards use the same k, so a card
+  and its atlas page show the same shares; :func:`module_shares`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ from tl_query_lens.query_lens.result import readout_scores
 logger = logging.getLogger(__name__)
 
 LOGIT_HIST_BINS = 24
+#: Tokens a feature's module shares are summed over (the paper's k = 25); one k for atlas pages and report cards.
+SHARES_TOP_K = 25
+#: Modules shown per feature (largest |share| first), on atlas pages and report cards alike.
+SHARES_SHOWN = 8
+
+
+def module_shares(sig, row: int) -> dict[str, float]:
+    """Feature ``row``'s :data:`SHARES_SHOWN` largest first-order shares (by magnitude), module → share, from a
+    ``first_order`` :class:`~tl_query_lens.query_lens.result.Signatures` computed with ``k = SHARES_TOP_K``."""
+    if sig.module_shares is None:
+        return {}
+    shares = dict(zip(sig.module_names or [], sig.module_shares[row].tolist()))
+    return dict(sorted(shares.items(), key=lambda kv: -abs(kv[1]))[:SHARES_SHOWN])
 
 
 @dataclass
@@ -92,7 +107,9 @@ def unit_signatures(
         indirect = attempt("QL_INDIRECT", lambda: _indirect(lens, model, sae, ids, k, basis))
         if indirect is not None:
             out.lists["QL_INDIRECT"] = indirect
-    first = attempt("QL_VALUE_1st", lambda: lens.value_signatures(sae, ids, k=k, method="first_order", basis=basis))
+    first = attempt(
+        "QL_VALUE_1st", lambda: lens.value_signatures(sae, ids, k=SHARES_TOP_K, method="first_order", basis=basis)
+    )
     if first is not None and first.module_shares is not None:
         out.shares, out.share_names = first.module_shares, list(first.module_names or [])
     ll_key = attempt("LL_KEY", lambda: lens.key_signatures(sae, ids, k=k, method="logit_lens", basis=basis))

@@ -23,6 +23,14 @@ KEY_METHODS = ("LL_KEY", "QL_KEY")
 SEARCH_WEIGHTS = {"QL_VALUE": 3.0, "QL_INDIRECT": 2.0, "LL_VALUE": 2.0, "QL_KEY": 3.0, "LL_KEY": 2.0, "context": 1.0}
 
 
+def _trimmed(counts: list[int], edges: list[float]) -> dict[str, list]:
+    """``{"edges", "counts"}`` of a histogram without its empty bins at either end (both empty when all are)."""
+    used = [i for i, c in enumerate(counts) if c]
+    if not used:
+        return {"edges": [], "counts": []}
+    return {"edges": [sig_round(e, 3) for e in edges[used[0] : used[-1] + 2]], "counts": counts[used[0] : used[-1] + 1]}
+
+
 def sig_round(x: float, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits (NaN and inf kept as None)."""
     if not math.isfinite(x):
@@ -116,16 +124,10 @@ def unit_records(
             if s >= 0 and v > 0
         ]
         bands = _bands(stats, row, tokens, scale, n_bands, band_examples, before, after, skip, strings)
-        counts = stats.hist[row].tolist()
-        used = [i for i, c in enumerate(counts) if c]
-        hist = (
-            {
-                "edges": [sig_round(e, 3) for e in edges[used[0] : used[-1] + 2]],
-                "counts": counts[used[0] : used[-1] + 1],
-            }
-            if used
-            else {"edges": [], "counts": []}
-        )
+        hist: dict[str, Any] = _trimmed(stats.hist[row].tolist(), edges)
+        negative = _trimmed(stats.hist_neg[row].tolist(), edges)
+        if negative["counts"]:
+            hist["neg"] = negative  # magnitudes of the negative activations, same bins
         record: dict[str, Any] = {
             "i": feature,
             "density": sig_round(fires / max(stats.n_positions, 1)),

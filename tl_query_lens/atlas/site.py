@@ -3,7 +3,7 @@ the page's HTML, CSS and JavaScript copied from ``static/``, and the search inde
 
 Layout of ``out/``::
 
-    index.html  atlas.js  atlas.css         the application (hash routes: #d/<slug>, #f/<slug>/<feature>, #q/<text>)
+    index.html  atlas.js  atlas.css         the application (hash routes: #d/<slug>[/<page>], #f/<slug>/<feature>, #q/<text>)
     data/index.js                            ATLAS.index({...}): model, dictionaries, their pages' tables
     data/search.js                           ATLAS.search({...}): token string → features, ranked by weight
     data/<slug>/<start>.js                   ATLAS.shard("<slug>", <start>, {strings, features})
@@ -122,6 +122,18 @@ def search_index(postings: dict[str, list[tuple[str, int, float]]]) -> dict[str,
         ranked = sorted(postings[key], key=lambda r: (-r[2], where[r[0]], r[1]))
         refs.append([x for slug, f, w in ranked for x in (where[slug], f, w)])
     return {"dicts": slugs, "keys": keys, "refs": refs}
+
+
+def feature_runs(ids: list[int]) -> list[list[int]]:
+    """The built feature ids as ``[first, last]`` runs of consecutive ids, ascending (the index's ``built`` list: the
+    dictionary page lists these and ← / → step through them, so no link leads to a feature that was not built)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return runs
 
 
 def free_bytes(folder: Path) -> int:

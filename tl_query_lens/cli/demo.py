@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
-from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.options import add_options, preset_defaults
 from tl_query_lens.cli.run import RunConfig
 
 
@@ -45,6 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         taken=add_options(parser, DemoOptions, taken=taken),
         defaults=given,
         skip=("use_wandb", "readout_overrides"),
+        shown={
+            **preset_defaults({"": DemoConfig(), "--quick": DemoConfig.quick()}),
+            "operator_cache": "<user cache>/operators",
+        },
     )
     parser.set_defaults(func=run_demo)
 
@@ -77,6 +81,7 @@ def run_demo(args: argparse.Namespace) -> int:
     outputs = run_demo(cfg)
     print(f"results folder : {outputs.out}")
     print(f"HTML report    : {outputs.report}")
+    print(f"feature atlas  : {outputs.atlas}  (open it in a browser; it works from file://)")
     print(f"feature export : {outputs.neuronpedia}  (Neuronpedia bulk-import layout, JSONL.gz batches)")
     if outputs.wandb_dir:
         print(f"W&B run        : {outputs.wandb_dir}  (offline unless WANDB_MODE says otherwise; `wandb sync` it)")

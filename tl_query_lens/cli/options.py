@@ -77,6 +77,37 @@ def _shown(value: Any) -> str:
     return (",".join(map(str, value)) or "''") if isinstance(value, (tuple, list)) else str(value)
 
 
+def _default_text(name: str, default: Any, text: str, shown: dict[str, str]) -> str:
+    """The help's parenthesis: ``default: <value>``; for ``None`` not the word None: nothing when the field's help
+    already says what None means, else ``default: not set``."""
+    if shown.get(name):
+        return f"default: {shown[name]}"
+    if default is not None:
+        return f"default: {_shown(default)}"
+    return "" if ("None" in text or "default" in text) else "default: not set"
+
+
+def preset_defaults(presets: dict[str, Any], skip: Iterable[str] = ()) -> dict[str, str]:
+    """``shown`` texts for options whose default a preset decides: field → ``"32; --quick: 4"`` from config objects
+    (or ``{field: value}`` dicts) keyed by how each preset is chosen (``{"": DemoConfig(), "--quick": ...}``). A field
+    every preset leaves at ``None`` is not listed (its help says what ``None`` means)."""
+
+    def value(cfg: Any, name: str) -> Any:
+        return cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
+
+    names = {n for cfg in presets.values() for n in (cfg if isinstance(cfg, dict) else vars(cfg))} - set(skip)
+    out = {}
+    for name in sorted(names):
+        values = {how: value(cfg, name) for how, cfg in presets.items()}
+        if all(v is None for v in values.values()):
+            continue
+        if len({_shown(v) for v in values.values()}) == 1:
+            out[name] = _shown(next(iter(values.values())))
+        else:
+            out[name] = "; ".join(f"{how}: {_shown(v)}" if how else _shown(v) for how, v in values.items())
+    return out
+
+
 def add_options(
     parser: argparse.ArgumentParser,
     cls: type,
@@ -118,19 +149,24 @@ def add_options(
         text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
         if kind is bool:
             flag, action = (option("no_" + f.name), "store_false") if default else (flags[0], "store_true")
-            parser.add_argument(flag, dest=f.name, action=action, help=text + " (on unless given)" * bool(default))
+            off = f" On by default; {flag} turns it off." if default else ""
+            parser.add_argument(flag, dest=f.name, action=action, help=text + off)
             continue
+        note = _default_text(f.name, default, text, shown)
         spec: dict[str, Any] = {
             "dest": f.name,
             "default": default,
-            "help": f"{text} (default: {shown.get(f.name) or _shown(default)})",
+            "help": f"{text} ({note})" if note else text,
         }
         items = _items(kind)
         if items is not None:
             either = _flag_or_list(kind)
             values = typing.get_args(items) if typing.get_origin(items) is Literal else ("A", "B")
             spec.update(nargs="?" if either else None, const=True if either else None, action=_Join)
-            spec.update(metavar=",".join(values), help=spec["help"].replace("(default", "(comma-separated; default"))
+            listed = (
+                spec["help"].replace("(default", "(comma-separated; default") if note else f"{text} (comma-separated)"
+            )
+            spec.update(metavar=",".join(values), help=listed)
         else:
             choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
             spec.update(choices=choices, type=kind if kind in (int, float) else str)

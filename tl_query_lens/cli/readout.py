@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from tl_query_lens.cli import command, configure, readout_decompose, readout_eval
 from tl_query_lens.cli.configs import build
-from tl_query_lens.cli.options import add_options
+from tl_query_lens.cli.options import add_options, preset_defaults
 from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.paths import plain_name
 
@@ -24,8 +24,8 @@ class FitOptions:
     Attributes:
         preset: 'small' (sized for a 2-core CPU; the shipped fit) or 'paper' (32×d, k=256, 20k steps: a GPU job); the options below
             that are not given keep the preset's values.
-        sae_id: name in the release (default: the preset's name).
-        save: folder to save the SAE to (default: the user cache, where SAE.from_pretrained finds it).
+        sae_id: name in the release.
+        save: folder to save the SAE to (the user cache is where SAE.from_pretrained finds it).
     """
 
     preset: Literal["small", "paper"] = "small"
@@ -58,11 +58,13 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
 def configure_fit(parser: argparse.ArgumentParser) -> None:
     from tl_query_lens.readout.fit import ReadoutFitConfig
 
-    taken = add_options(
-        parser, FitOptions, taken=add_options(parser, RunConfig, skip=RUN_SKIP, defaults={"out": "results/readout/fit"})
-    )
+    run = add_options(parser, RunConfig, skip=RUN_SKIP, defaults={"out": "results/readout/fit"})
+    taken = add_options(parser, FitOptions, taken=run, shown={"sae_id": "the preset's name", "save": "the user cache"})
     preset = {f.name: None for f in fields(ReadoutFitConfig)}  # not given: the preset's value
-    add_options(parser, ReadoutFitConfig, taken=taken, defaults=preset)
+    shown = preset_defaults({"": ReadoutFitConfig.preset("small"), "--preset paper": ReadoutFitConfig.preset("paper")})
+    add_options(
+        parser, ReadoutFitConfig, taken=taken, defaults=preset, shown={**shown, "width": "width_mult x d_model"}
+    )
     parser.set_defaults(func=run_fit)
 
 

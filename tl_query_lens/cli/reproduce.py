@@ -16,8 +16,8 @@ class ReproduceOptions:
     """How big the run is.
 
     Attributes:
-        quick: a reduced version of every experiment (about 15 minutes on a 2-core CPU), compared with the
-            documented quick run.
+        quick: a reduced version of every experiment (12 min 48 s on a shared 2-core CPU, docs/reproduction.md),
+            compared with the documented quick run.
     """
 
     quick: bool = False

@@ -71,7 +71,8 @@ class RunConfig:
             the SAELens runner, SAELens '<release>:<sae_id>' (e.g. 'tlql-saes-smollm2-135m:blocks.12.hook_resid_post')
             or '<hf-org>/<repo>:<sae_id>'; all share one model.
         out: results folder (created; results are written there before anything is logged).
-        wandb: log to Weights & Biases (offline unless WANDB_MODE says otherwise); --no-wandb keeps results on disk.
+        wandb: log the run to Weights & Biases (offline unless WANDB_MODE says otherwise); results are written to disk
+            either way.
         wandb_project: W&B project name.
     """
 

@@ -1,7 +1,7 @@
 /* Feature atlas: a static application over data files loaded with <script src> (works from file://). */
 "use strict";
 var ATLAS = (function () {
-  var state = { index: null, search: null, shards: {}, waiting: {}, dicts: {} };
+  var state = { index: null, search: null, shards: {}, waiting: {}, dicts: {}, pageSize: 512 };
 
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
@@ -24,14 +24,28 @@ var ATLAS = (function () {
     var m = main();
     m.innerHTML = "";
     nodes.forEach(function (n) { if (n) m.appendChild(n); });
+    m.setAttribute("data-route", location.hash);  /* the page of this route is drawn (tests wait for it) */
     document.title = (title ? title + " — " : "") + "Feature atlas";
   }
   function featureHref(slug, i) { return "#f/" + encodeURIComponent(slug) + "/" + i; }
 
   /* ----- data loading ----- */
+  function builtIds(d) {
+    /* The built features, ascending: the index's [first, last] runs (an atlas written before they existed: every id
+       of each shard's range). */
+    var ids = [], runs = d.built || d.shards.map(function (s) { return [s[1], s[2]]; });
+    runs.forEach(function (r) { for (var i = r[0]; i <= r[1]; i++) ids.push(i); });
+    return ids;
+  }
   function index(data) {
     state.index = data;
-    data.dictionaries.forEach(function (d, n) { d.order = n; state.dicts[d.slug] = d; });
+    data.dictionaries.forEach(function (d, n) { d.order = n; d.ids = builtIds(d); state.dicts[d.slug] = d; });
+  }
+  function position(d, i) {
+    /* Where feature i is in d.ids (binary search); -1 when it was not built. */
+    var lo = 0, hi = d.ids.length;
+    while (lo < hi) { var mid = (lo + hi) >> 1; if (d.ids[mid] < i) lo = mid + 1; else hi = mid; }
+    return lo < d.ids.length && d.ids[lo] === i ? lo : -1;
   }
   function search(data) {
     state.search = data;
@@ -112,12 +126,35 @@ var ATLAS = (function () {
       })));
     }
     nodes.push(el("h2", { text: r.features.length ? "Features (ranked)" : "No feature has this token in its signatures or top contexts" }));
-    nodes.push(el("ol", { cls: "results", id: "results" }, r.features.map(function (f) {
+    var previews = [];
+    nodes.push(el("ol", { cls: "results", id: "results" }, r.features.map(function (f, n) {
       var parts = f[0].split("/"), d = state.dicts[parts[0]];
+      var box = el("div", { cls: "preview" });
+      if (d && n < PREVIEWS) previews.push([d, +parts[1], box]);
       return el("li", {}, [el("a", { href: featureHref(parts[0], parts[1]), text: (d ? d.label : parts[0]) + " #" + parts[1] }),
-        el("span", { cls: "score", text: "score " + fmt(f[1]) })]);
+        el("span", { cls: "score", text: "score " + fmt(f[1]) }), box]);
     })));
     setMain(nodes, "Search");
+    previews.forEach(function (p) { preview(p[0], p[1], p[2]); });
+  }
+  var PREVIEWS = 20;  /* results that get a preview (each loads its feature's data file) */
+  function preview(d, i, box) {
+    /* A result's top activating tokens (the peaks of its top contexts) and its best context, once its shard loads. */
+    var start = position(d, i) < 0 ? null : shardOf(d, i);
+    if (start === null) return;
+    loadShard(d.slug, start, function (data) {
+      var f = null;
+      for (var n = 0; n < data.features.length; n++) if (data.features[n].i === i) f = data.features[n];
+      if (!f || !f.top.length) return;
+      var peaks = [];
+      f.top.forEach(function (c) { var t = data.strings[c.t[c.m]]; if (peaks.indexOf(t) < 0 && peaks.length < 5) peaks.push(t); });
+      box.appendChild(el("div", { cls: "peaks" }, [el("span", { cls: "muted", text: "top tokens " })].concat(
+        peaks.map(function (t) { return el("span", { cls: "chip", text: t }); }))));
+      var c = f.top[0], from = Math.max(0, c.m - 8);
+      box.appendChild(el("div", { cls: "ctx snippet" }, c.t.slice(from, c.m + 3).map(function (t, j) {
+        return el("span", { cls: "t" + (from + j === c.m ? " peak" : ""), text: data.strings[t] });
+      })));
+    });
   }
 
   /* ----- pages ----- */
@@ -148,18 +185,30 @@ var ATLAS = (function () {
     });
     return el("section", {}, nodes);
   }
-  function dictionaryPage(slug) {
+  function pageHref(slug, page) { return "#d/" + encodeURIComponent(slug) + (page ? "/" + page : ""); }
+  function pager(d, page, pages) {
+    if (pages < 2) return null;
+    var items = [el("span", { cls: "muted", text: "pages:" })];
+    for (var p = 0; p < pages; p++) {
+      var first = d.ids[p * state.pageSize], last = d.ids[Math.min(d.ids.length, (p + 1) * state.pageSize) - 1];
+      var label = first + "–" + last;
+      items.push(p === page ? el("strong", { text: label }) : el("a", { href: pageHref(d.slug, p), text: label }));
+    }
+    return el("div", { cls: "pager" }, items);
+  }
+  function dictionaryPage(slug, page) {
     var d = state.dicts[slug];
     if (!d) { setMain([el("p", { text: "No dictionary " + slug + " in this atlas." })]); return; }
+    var pages = Math.max(1, Math.ceil(d.ids.length / state.pageSize));
+    page = Math.min(Math.max(0, page || 0), pages - 1);
     var nodes = [el("h1", { text: d.label }), el("p", { cls: "muted", text: d.spec + " — reads " + d.read_hook + ", writes " + d.write_hook + "; " + d.n_features + " of " + d.d_sae + " features built" })];
     d.sections.forEach(function (s) { nodes.push(section(s)); });
     if (!d.sections.length) nodes.push(el("p", { cls: "muted", text: "No quality row, certificate or absorption result was given for this dictionary." }));
-    nodes.push(el("h2", { text: "Features" }));
-    d.shards.forEach(function (s) {
-      var links = [];
-      for (var i = s[1]; i <= s[2] && links.length < s[3]; i++) links.push(el("a", { href: featureHref(slug, i), text: String(i) }));
-      nodes.push(el("div", { cls: "list" }, links));
-    });
+    nodes.push(el("h2", { text: "Features (" + d.ids.length + " built)" }));
+    nodes.push(pager(d, page, pages));
+    var shown = d.ids.slice(page * state.pageSize, (page + 1) * state.pageSize);
+    nodes.push(el("div", { cls: "list", id: "features" }, shown.map(function (i) { return el("a", { href: featureHref(slug, i), text: String(i) }); })));
+    nodes.push(pager(d, page, pages));
     setMain(nodes, d.label);
   }
   function chip(strings, pair, neg) {
@@ -176,21 +225,42 @@ var ATLAS = (function () {
     return el("div", {}, [el("h3", { text: title }), el("div", { cls: "scroll" }, [el("table", { cls: "sigtable", id: id }, rows)])]);
   }
   function histogram(h, id) {
-    if (!h || !h.counts.length) return el("p", { cls: "muted", text: "The feature never fires on the corpus." });
-    var W = 520, H = 120, n = h.counts.length, max = Math.max.apply(null, h.counts), bw = W / n;
+    /* Positions per log bin: positive activations right of 0, negative ones (by magnitude, h.neg) mirrored to its
+       left; a count axis on the left. */
+    var neg = h && h.neg && h.neg.counts.length ? h.neg : { edges: [], counts: [] };
+    if (!h || (!h.counts.length && !neg.counts.length)) return el("p", { cls: "muted", text: "The feature is never non-zero on the corpus." });
+    var bins = [];
+    for (var k = neg.counts.length - 1; k >= 0; k--) bins.push({ c: neg.counts[k], lo: -neg.edges[k + 1], hi: -neg.edges[k], neg: true });
+    h.counts.forEach(function (c, i) { bins.push({ c: c, lo: h.edges[i], hi: h.edges[i + 1], neg: false }); });
+    var L = 46, W = 520, H = 120, n = bins.length, bw = W / n;
+    var max = Math.max.apply(null, bins.map(function (b) { return b.c; }));
     var ns = "http://www.w3.org/2000/svg";
+    function add(parent, tag, attrs, text) {
+      var node = document.createElementNS(ns, tag);
+      Object.keys(attrs).forEach(function (a) { node.setAttribute(a, attrs[a]); });
+      if (text !== undefined) node.textContent = text;
+      parent.appendChild(node);
+      return node;
+    }
     var svg = document.createElementNS(ns, "svg");
-    svg.setAttribute("width", W); svg.setAttribute("height", H + 18); svg.setAttribute("class", "hist"); svg.setAttribute("id", id);
-    svg.setAttribute("role", "img"); svg.setAttribute("aria-label", "activation histogram");
-    h.counts.forEach(function (c, i) {
-      var r = document.createElementNS(ns, "rect"), hh = max ? Math.max(1, H * c / max) : 0;
-      r.setAttribute("x", i * bw + 1); r.setAttribute("width", Math.max(1, bw - 2)); r.setAttribute("y", H - hh); r.setAttribute("height", hh);
-      var t = document.createElementNS(ns, "title"); t.textContent = fmt(h.edges[i]) + "–" + fmt(h.edges[i + 1]) + ": " + c; r.appendChild(t);
-      svg.appendChild(r);
+    svg.setAttribute("width", L + W + 4); svg.setAttribute("height", H + 20); svg.setAttribute("class", "hist"); svg.setAttribute("id", id);
+    svg.setAttribute("role", "img"); svg.setAttribute("aria-label", "activation histogram, counts of positions per bin");
+    var axis = add(svg, "g", { "class": "yaxis" });
+    add(axis, "line", { x1: L - 2, x2: L - 2, y1: 0, y2: H });
+    [max, Math.round(max / 2), 0].forEach(function (c) {
+      var y = H - (max ? H * c / max : 0);
+      add(axis, "line", { x1: L - 6, x2: L - 2, y1: y, y2: y });
+      add(axis, "text", { x: L - 8, y: Math.min(H, Math.max(9, y + 4)), "text-anchor": "end" }, String(c));
     });
-    [0, n].forEach(function (i) {
-      var t = document.createElementNS(ns, "text"); t.setAttribute("x", i === 0 ? 0 : W - 40); t.setAttribute("y", H + 14); t.textContent = fmt(h.edges[i]); svg.appendChild(t);
+    add(axis, "text", { x: 0, y: H / 2, transform: "rotate(-90 8 " + H / 2 + ")", "text-anchor": "middle" }, "count");
+    bins.forEach(function (b, i) {
+      var hh = max ? Math.max(1, H * b.c / max) : 0;
+      var r = add(svg, "rect", { x: L + i * bw + 1, width: Math.max(1, bw - 2), y: H - hh, height: hh, "class": b.neg ? "neg" : "pos", "data-count": b.c });
+      add(r, "title", {}, fmt(b.lo) + " to " + fmt(b.hi) + ": " + b.c + " positions");
     });
+    var labels = [[0, bins[0].lo, "start"], [n, bins[n - 1].hi, "end"]];
+    if (neg.counts.length && h.counts.length) labels.push([neg.counts.length, 0, "middle"]);
+    labels.forEach(function (l) { add(svg, "text", { x: L + l[0] * bw, y: H + 14, "text-anchor": l[2] }, fmt(l[1])); });
     return svg;
   }
   function context(ctx, strings, scale) {
@@ -204,7 +274,7 @@ var ATLAS = (function () {
   }
   function shares(f) {
     if (!f.shares || !f.shares.length) return null;
-    var top = f.shares.slice().sort(function (a, b) { return Math.abs(b[1]) - Math.abs(a[1]); }).slice(0, 10);
+    var top = f.shares.slice().sort(function (a, b) { return Math.abs(b[1]) - Math.abs(a[1]); }).slice(0, state.index.shares_shown || 10);
     var m = Math.max.apply(null, top.map(function (p) { return Math.abs(p[1]); })) || 1;
     var rows = top.map(function (p) {
       var w = Math.round(100 * Math.abs(p[1]) / m), bar;
@@ -213,13 +283,13 @@ var ATLAS = (function () {
       return el("tr", {}, [el("td", { text: p[0] }), el("td", { cls: "barcell" }, bar), el("td", { text: fmt(p[1]) })]);
     });
     return el("div", {}, [el("h2", { text: "Per-module shares of the value signature" }),
-      el("p", { cls: "muted", text: "First-order decomposition: the direct term and each downstream module; shares sum to 1 and are signed (a module working against the signature is negative, drawn to the left)." }),
+      el("p", { cls: "muted", text: "First-order decomposition of the value scores summed over the feature's top " + (state.index.shares_k || "k") + " value tokens: the direct term and each downstream module; shares sum to 1 and are signed (a module working against the signature is negative, drawn to the left). The " + top.length + " largest by magnitude are shown." }),
       el("table", { id: "shares" }, rows)]);
   }
   function featurePage(slug, i) {
     var d = state.dicts[slug];
     if (!d) { setMain([el("p", { text: "No dictionary " + slug + " in this atlas." })]); return; }
-    var start = shardOf(d, i);
+    var start = position(d, i) < 0 ? null : shardOf(d, i);
     if (start === null) { setMain([el("p", { text: "Feature " + i + " of " + d.label + " is not in this atlas." })]); return; }
     loadShard(slug, start, function (data) {
       if (location.hash !== featureHref(slug, i) && location.hash !== "#f/" + slug + "/" + i) return;
@@ -230,11 +300,11 @@ var ATLAS = (function () {
     });
   }
   function neighbour(d, i, step) {
-    var all = [];
-    d.shards.forEach(function (s) { all.push(s); });
-    var j = i + step;
-    for (var n = 0; n < all.length; n++) if (j >= all[n][1] && j <= all[n][2]) return j;
-    return null;
+    /* The previous / next built feature (the dictionary's ids need not be consecutive). */
+    var at = position(d, i);
+    if (at < 0) return null;
+    var j = d.ids[at + step];
+    return j === undefined ? null : j;
   }
   function renderFeature(d, f, strings) {
     var prev = neighbour(d, f.i, -1), next = neighbour(d, f.i, 1);
@@ -244,7 +314,8 @@ var ATLAS = (function () {
       next !== null ? el("a", { href: featureHref(d.slug, next), id: "next", text: next + " →" }) : null]);
     var nodes = [nav, el("h1", { text: d.label + " — feature " + f.i }),
       el("p", { cls: "muted", text: "density " + fmt(f.density) + " (" + f.fires + " positions fire)  ·  max " + fmt(f.max) + "  ·  min " + fmt(f.min) })];
-    nodes.push(el("h2", { text: "Activation histogram (positive activations, log bins)" }));
+    var signed = f.hist && f.hist.neg && f.hist.neg.counts.length;
+    nodes.push(el("h2", { text: "Activation histogram (positions per log bin" + (signed ? "; negative activations left of 0" : "") + ")" }));
     nodes.push(histogram(f.hist, "hist"));
     var value = sigTable("Value — what it promotes (top)", ["LL_VALUE", "QL_VALUE", "QL_INDIRECT"], f, strings, "top", "value-top");
     var bottom = sigTable("Value — what it suppresses (bottom)", ["LL_VALUE", "QL_VALUE", "QL_INDIRECT"], f, strings, "bottom", "value-bottom");
@@ -260,7 +331,8 @@ var ATLAS = (function () {
       nodes.push(el("table", { id: "links" }, f.links.map(function (l) {
         var target = state.dicts[l[0]];
         var name = (target ? target.label : l[0]) + " #" + l[1];
-        return el("tr", {}, [el("td", {}, [target ? el("a", { href: featureHref(l[0], l[1]), text: name }) : el("span", { text: name })]), el("td", { text: "cos " + fmt(l[2]) })]);
+        var built = target && position(target, l[1]) >= 0;  /* a link only to a feature this atlas holds */
+        return el("tr", {}, [el("td", {}, [built ? el("a", { href: featureHref(l[0], l[1]), text: name }) : el("span", { text: name })]), el("td", { text: "cos " + fmt(l[2]) })]);
       })));
     }
     if (f.readout && f.readout.length) {
@@ -281,7 +353,8 @@ var ATLAS = (function () {
     var h = decodeURIComponent(location.hash.replace(/^#/, ""));
     var m;
     if ((m = h.match(/^f\/([^\/]+)\/(\d+)$/))) featurePage(m[1], +m[2]);
-    else if ((m = h.match(/^d\/(.+)$/))) dictionaryPage(m[1]);
+    else if ((m = h.match(/^d\/([^\/]+)\/(\d+)$/))) dictionaryPage(m[1], +m[2]);
+    else if ((m = h.match(/^d\/(.+)$/))) dictionaryPage(m[1], 0);
     else if ((m = h.match(/^q\/(.*)$/))) { document.getElementById("search").value = m[1]; showSearch(m[1]); }
     else home();
   }
@@ -325,5 +398,6 @@ var ATLAS = (function () {
     window.addEventListener("hashchange", route);
     route();
   }
-  return { index: index, search: search, shard: shard, start: start, runSearch: runSearch };
+  function setPageSize(n) { state.pageSize = n; }
+  return { index: index, search: search, shard: shard, start: start, runSearch: runSearch, setPageSize: setPageSize };
 })();
