@@ -21,8 +21,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tl_query_lens
-import tl_query_lens.models
 from tl_query_lens import demo
 from tl_query_lens.cli import SUBCOMMANDS, build_parser, main, subcommands
 from tl_query_lens.cli import options as cli_options
@@ -148,8 +146,7 @@ def paths(tmp_path):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    monkeypatch.setattr(tl_query_lens, "load_model", _loaded)
-    monkeypatch.setattr(tl_query_lens.models, "load_model", _loaded)
+    monkeypatch.setattr("tl_query_lens.models.load_model", _loaded)
     monkeypatch.setattr(demo, "load_model", _loaded)
 
 
