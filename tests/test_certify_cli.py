@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import main
 from tl_query_lens.paths import result_name
@@ -15,10 +14,9 @@ from tl_query_lens.paths import result_name
 def tiny_env(monkeypatch):
     model = tiny_model("gelu_ln")
     seeds = {"calibration": 1, "evaluation": 2}
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens,
-        "load_corpus",
+        "tl_query_lens.corpus.load_corpus",
         lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(model, n_seqs, seq_len, seed=seeds[split]),
     )
     return model

@@ -148,7 +148,6 @@ def test_permutation_p_matches_naive_auc_permutations():
 def test_subspace_channels_is_the_cli_protocol(tmp_path, monkeypatch):
     """The API function = FF-KV values + module operators of the downstream blocks + channel_analysis, and
     ``tlql ql-channels`` saves exactly what it returns."""
-    import tl_query_lens
     from tests.helpers import tiny_model, tiny_tokens
     from tl_query_lens import FFKV
     from tl_query_lens.cli import main
@@ -180,8 +179,8 @@ def test_subspace_channels_is_the_cli_protocol(tmp_path, monkeypatch):
     assert res_attn.channels == ref_attn.channels == [f"l0->{n}" for n in mlp0]
     assert res_attn.metrics == ref_attn.metrics
 
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
-    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, 2, 8))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, 2, 8))
     out = tmp_path / "ch"
     argv = ["ql-channels", "--sources", "0", "--epochs", "5", "--n-permutations", "20", "--no-wandb", "--out", str(out)]
     assert main(argv) == 0

@@ -3,8 +3,8 @@ import csv
 import pytest
 
 from tl_query_lens.cli import main
-from tl_query_lens.cli.ranges import parse_layers
 from tl_query_lens.errors import InputError
+from tl_query_lens.ranges import parse_layers
 
 
 def test_help(capsys):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import build_parser, main, subcommands
 from tl_query_lens.cli.options import option
@@ -96,7 +95,7 @@ def test_help_and_argument_errors_import_no_heavy_library():
 
 
 def test_config_errors_name_the_option_and_exit_2_before_the_model(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda *a, **k: pytest.fail("model loaded"))
     assert main(["ffkv", "--batch-size", "0", "--no-wandb", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--batch-size" in err and "Traceback" not in err and len(err.strip().splitlines()) == 2
@@ -127,9 +126,9 @@ def test_query_lens_command_pushes_the_features_not_the_identity(tmp_path, monke
     from tl_query_lens.query_lens import lens
 
     model = tiny_model("gated_rms")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda *a, **k: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda *a, **k: model)
     monkeypatch.setattr(
-        tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **k: tiny_tokens(model, n_seqs, seq_len)
+        "tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **k: tiny_tokens(model, n_seqs, seq_len)
     )
     bases = []
     real = lens.key_operators

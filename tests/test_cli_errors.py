@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import tl_query_lens
 from tl_query_lens.cli import main
 from tl_query_lens.errors import InputError
 
@@ -22,7 +21,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(tl_query_lens, "load_model", refuse)
+    monkeypatch.setattr("tl_query_lens.models.load_model", refuse)
 
 
 def run_error(capsys, argv):
@@ -248,6 +247,6 @@ def test_bugs_keep_their_traceback(monkeypatch, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("internal bug")
 
-    monkeypatch.setattr(tl_query_lens, "load_model", broken)
+    monkeypatch.setattr("tl_query_lens.models.load_model", broken)
     with pytest.raises(RuntimeError, match="internal bug"):
         main(["ffkv", "--layers", "0", "--out", str(tmp_path), "--no-wandb"])

@@ -21,8 +21,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tl_query_lens
-import tl_query_lens.models
 from tl_query_lens import demo
 from tl_query_lens.cli import SUBCOMMANDS, build_parser, main, subcommands
 from tl_query_lens.cli import options as cli_options
@@ -150,8 +148,8 @@ def paths(tmp_path):
 def no_model(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("TLQL_CACHE", str(tmp_path_factory.mktemp("cache")))  # locks taken before loading stay here
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))  # relative paths a command line names stay here too
-    monkeypatch.setattr(tl_query_lens, "load_model", _loaded)
-    monkeypatch.setattr(tl_query_lens.models, "load_model", _loaded)
+    monkeypatch.setattr("tl_query_lens.load_model", _loaded)
+    monkeypatch.setattr("tl_query_lens.models.load_model", _loaded)
     monkeypatch.setattr(demo, "load_model", _loaded)
 
 

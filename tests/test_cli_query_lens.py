@@ -4,7 +4,6 @@ import csv
 
 import pytest
 
-import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import main
 from tl_query_lens.query_lens import Signatures
@@ -13,9 +12,9 @@ from tl_query_lens.query_lens import Signatures
 @pytest.fixture
 def tiny_loaders(monkeypatch):
     model = tiny_model("gated_rms")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
+        "tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
     )
     return model
 

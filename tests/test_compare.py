@@ -111,12 +111,11 @@ def test_saes_compare_command_on_a_tiny_model(monkeypatch, tmp_path):
     from sae_lens import Transcoder, TranscoderConfig
     from sae_lens.saes.sae import SAEMetadata
 
-    import tl_query_lens
     from tl_query_lens.cli import main
 
     model = tiny_model("gated_rms")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
-    monkeypatch.setattr(tl_query_lens, "load_corpus", lambda *a, **k: tiny_tokens(model, n_seqs=3, seq_len=8))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.corpus.load_corpus", lambda *a, **k: tiny_tokens(model, n_seqs=3, seq_len=8))
     torch.manual_seed(0)
     tc = Transcoder(
         TranscoderConfig(

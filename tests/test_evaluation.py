@@ -207,15 +207,13 @@ def test_query_lens_signatures_plug_in():
 def test_cli_query_lens_evaluate_delegates(monkeypatch):
     """`tlql query-lens --evaluate` calls the Table-1 function with its layers, features, k and corpus options and
     the protocol's defaults otherwise (no argv rebuilt)."""
-    import tl_query_lens
     from tl_query_lens.cli import main
     from tl_query_lens.query_lens import table1
 
     model = tiny_model("gelu_ln")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens,
-        "load_corpus",
+        "tl_query_lens.corpus.load_corpus",
         lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(
             model, n_seqs, seq_len, seed=0 if split == "train" else 1
         ),

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from transformer_lens.utils import get_act_name
 
 from tests.helpers import tiny_model
-from tl_query_lens.cli.ranges import parse_floats, parse_layers, parse_ranges
 from tl_query_lens.corpus import SPLIT_SHARES, document_split, read_documents
 from tl_query_lens.errors import (
     CorruptFileError,
@@ -29,6 +28,7 @@ from tl_query_lens.errors import (
 )
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.operators.engine import check_tokens
+from tl_query_lens.ranges import parse_floats, parse_layers, parse_ranges
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 MODEL = tiny_model("gelu_ln")  # d_vocab 61, n_ctx 32, 3 layers

@@ -176,15 +176,13 @@ def test_paper_baselines_and_margin(tmp_path):
 def test_cli_readout_eval_paper_scores_the_chosen_baselines(monkeypatch, tmp_path, capsys):
     import json
 
-    import tl_query_lens
     from tl_query_lens.cli import main
 
     model = tiny_model("gelu_ln")
     fit_readout(model, tiny_tokens(model, 6, 12), **FIT).sae.save_model(tmp_path / "sae")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens,
-        "load_corpus",
+        "tl_query_lens.corpus.load_corpus",
         lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(model, n_seqs, seq_len, seed=7),
     )
     argv = ["readout", "eval", "--protocol", "paper", "--sae-path", str(tmp_path / "sae"), "--n-seqs", "3"]

@@ -69,14 +69,12 @@ def test_fit_source_names_the_cached_fit_and_its_provenance(model, tmp_path, mon
 
 
 def test_readout_eval_prints_which_fit_it_read(model, tmp_path, monkeypatch, capsys):
-    import tl_query_lens
     from tl_query_lens.cli import main
 
     fit_readout(model, tiny_tokens(model, 4, 10), seed=2, **FIT).sae.save_model(tmp_path / "sae")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens,
-        "load_corpus",
+        "tl_query_lens.corpus.load_corpus",
         lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(model, n_seqs, seq_len, seed=7),
     )
     argv = ["readout", "eval", "--protocol", "paper", "--sae-path", str(tmp_path / "sae"), "--n-seqs", "3"]

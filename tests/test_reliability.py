@@ -369,9 +369,9 @@ def test_loading_an_sae_onto_missing_cuda_says_so(tmp_path):
 @pytest.fixture
 def tiny_loaders(monkeypatch):
     model = tiny_model("gated_rms")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
+        "tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
     )
     return model
 
@@ -400,7 +400,7 @@ def test_ctrl_c_in_ffkv_saves_the_finished_layers(tmp_path, tiny_loaders, monkey
     assert "Traceback" not in err
     saved = FFKVSummary.load(out)
     assert sorted(saved.sparse) == [1]
-    reference = original(tiny_loaders, [1], tl_query_lens.load_corpus(n_seqs=2, seq_len=8), k=4)
+    reference = original(tiny_loaders, [1], tl_query_lens.corpus.load_corpus(n_seqs=2, seq_len=8), k=4)
     assert saved.sparse[1].ce_spliced == pytest.approx(reference.sparse[1].ce_spliced)
 
 
@@ -435,7 +435,7 @@ def test_two_runs_into_one_out_folder(tmp_path, tiny_loaders, capsys):
     ids=["proc", "long_name", "under_a_file"],
 )
 def test_unusable_out_folders_exit_2(tmp_path, out, expected, capsys, monkeypatch):
-    monkeypatch.setattr(tl_query_lens, "load_model", _no_model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", _no_model)
     (tmp_path / "file.txt").write_text("x")
     assert main([*FFKV_ARGV, "--out", out.format(tmp=tmp_path)]) == 2
     assert expected in capsys.readouterr().err
@@ -446,7 +446,7 @@ def _no_model(*args, **kwargs):
 
 
 def test_a_bad_wandb_mode_exits_2_in_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(tl_query_lens, "load_model", _no_model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", _no_model)
     monkeypatch.setenv("WANDB_MODE", "garbage")
     argv = [a for a in FFKV_ARGV if a != "--no-wandb"]
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
@@ -545,12 +545,12 @@ POST_LOAD = [
 def test_model_size_limits_after_loading_another_model(case, argv, expected, tmp_path, monkeypatch, capsys):
     """Sizes of a model known only once loaded ("gpt2" here is a tiny random model): checked before any corpus."""
     model = tiny_model("gated_rms")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
 
     def no_corpus(*args, **kwargs):
         raise AssertionError("the corpus was loaded before the sizes were checked")
 
-    monkeypatch.setattr(tl_query_lens, "load_corpus", no_corpus)
+    monkeypatch.setattr("tl_query_lens.corpus.load_corpus", no_corpus)
     assert main([*argv, "--model", "gpt2", "--out", str(tmp_path / "o"), "--no-wandb"]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err, err

@@ -283,10 +283,9 @@ def test_report_matches_splice_metrics_and_zero_ablation(cache, first, arch):
 
 
 def test_cli_rejects_out_of_range_layers_and_unknown_ids(cache, monkeypatch, capsys):
-    import tl_query_lens
     from tl_query_lens.cli import main
 
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: tiny_model("gelu_ln"))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: tiny_model("gelu_ln"))
     # User errors exit 2 with the fix on stderr (the CLI's one error wrapper), nothing trained.
     assert main(["saes", "train", "--model", "smollm2-135m", "--layers", "1,7"]) == 2
     assert "out of range" in capsys.readouterr().err

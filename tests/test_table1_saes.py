@@ -18,7 +18,6 @@ import torch
 from sae_lens import TopKSAE, TopKSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 
-import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tests.test_certify_protocol import HashTokenizer, documents
 from tl_query_lens import FFKV
@@ -371,7 +370,7 @@ def tiny_cli(monkeypatch, tmp_path):
     model = tiny_model("gelu_ln")
     model.tokenizer = WordTokenizer(model.cfg.d_vocab)
     monkeypatch.setattr(model, "to_tokens", lambda text, prepend_bos=None: torch.tensor([[1, 2, 3]]))
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join(documents(400)) + "\n")
     folder = tmp_path / "suite" / HOOK
@@ -382,8 +381,7 @@ def tiny_cli(monkeypatch, tmp_path):
 def test_cli_ql_evaluate_scores_ffkv_and_an_sae_folder_side_by_side(tiny_cli, tmp_path, monkeypatch):
     model, _, folder = tiny_cli
     monkeypatch.setattr(
-        tl_query_lens,
-        "load_corpus",
+        "tl_query_lens.corpus.load_corpus",
         lambda src, tok, n_seqs, seq_len, split, seed=0: tiny_tokens(model, n_seqs, seq_len, seed=1),
     )
     out = tmp_path / "ql"

@@ -10,7 +10,6 @@ import socket
 
 import pytest
 
-import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import main
 from tl_query_lens.tracking import Tracker
@@ -37,9 +36,9 @@ def unreachable_wandb(monkeypatch, tmp_path):
 @pytest.fixture
 def tiny_loaders(monkeypatch):
     model = tiny_model("gelu_ln")
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda name, device=None: model)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr(
-        tl_query_lens, "load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
+        "tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
     )
     return model
 

@@ -56,16 +56,15 @@ from tl_query_lens.atlas.site import (
 )
 from tl_query_lens.budget import check_memory
 from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
-from tl_query_lens.cli.checks import check_folder
-from tl_query_lens.cli.ranges import parse_ranges
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.hooks import stop_layer
 from tl_query_lens.models import weights_fingerprint
-from tl_query_lens.paths import LOCK_NAME, check_owned, clear_temporaries
+from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, clear_temporaries
 from tl_query_lens.presentation import Table
 from tl_query_lens.query_lens.lens import QueryLens
+from tl_query_lens.ranges import parse_ranges
 from tl_query_lens.results import SavableResult, atomic_write_text, read_json, write_json
 from tl_query_lens.saes.report import SuiteQuality  # noqa: F401
 

@@ -1,7 +1,7 @@
 """The ``tlql`` command line: a thin layer over the Python API, one module per subcommand.
 
 A subcommand is a module ``tl_query_lens/cli/<name>.py`` with ``add_parser(subparsers)``, which registers it through
-:func:`command` (its name, one line of help, and a ``configure(parser)`` that adds the
+:func:`tl_query_lens.cli.subcommand.command` (its name, one line of help, and a ``configure(parser)`` that adds the
 options made from its configs and sets ``func``); listing the module in :data:`SUBCOMMANDS` plugs it in. Only the
 subcommand being run is configured, and heavy libraries (torch, TransformerLens, SAELens) are imported by
 ``configure`` and ``func``, so ``tlql --help`` and mistyped commands answer at once.
@@ -15,11 +15,12 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from tl_query_lens.cli import options_cache
+from tl_query_lens.cli.subcommand import configure
 
-__all__ = ["SUBCOMMANDS", "build_parser", "command", "main"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommands"]
 
 SUBCOMMANDS = (
     "ffkv",
@@ -33,21 +34,6 @@ SUBCOMMANDS = (
     "reproduce",
     "atlas",
 )
-
-
-def command(subparsers, name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None]):
-    """Register subcommand ``name``; ``configure(parser)`` adds its options (importing its configs) only when the
-    subcommand is used or the whole parser is built (:func:`configure`)."""
-    parser = subparsers.add_parser(name, help=help, description=help)
-    parser.tlql_configure = configure  # type: ignore[attr-defined]
-    return parser
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the deferred options of ``parser`` (once)."""
-    pending = parser.__dict__.pop("tlql_configure", None)
-    if pending is not None:
-        pending(parser)
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command
 
 RUN = {"out": "results/certify", "layers": "0,6,12,18,24,29"}
 
@@ -57,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.cli.certify_paper import report_paper
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
-    from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.errors import InputError
     from tl_query_lens.paths import result_names
+    from tl_query_lens.ranges import parse_layers
     from tl_query_lens.sources import load_sources, parse_sources
 
     run_cfg = build(RunConfig, args)

@@ -9,21 +9,21 @@ from typing import Any
 
 import torch
 
-import tl_query_lens as tq
+from tl_query_lens import corpus, models
 from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.tracking import Tracker
 
 
 def load_model(run: RunConfig):
-    """The model of ``--model`` on ``--device`` (through ``tl_query_lens.load_model``)."""
-    return tq.load_model(run.model, device=run.device)
+    """The model of ``--model`` on ``--device`` (through :func:`tl_query_lens.models.load_model`)."""
+    return models.load_model(run.model, device=run.device)
 
 
 def load_tokens(
     run: RunConfig, model, split: str, *, n_seqs: int | None = None, seq_len: int | None = None
 ) -> torch.Tensor:
     """``[n_seqs, seq_len]`` windows of ``split`` of ``--corpus`` (sizes default to ``--n-seqs`` / ``--seq-len``)."""
-    return tq.load_corpus(
+    return corpus.load_corpus(
         run.corpus, model, n_seqs=n_seqs or run.n_seqs, seq_len=seq_len or run.seq_len, split=split, seed=run.seed
     )
 

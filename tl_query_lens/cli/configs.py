@@ -62,8 +62,8 @@ def build(
 
 def convert(value: Any, kind: Any, name: str) -> Any:
     """A parsed option as the field's type: comma lists split (numbers converted), paths as :class:`Path`."""
-    from tl_query_lens.cli.ranges import parse_ranges
     from tl_query_lens.errors import InputError
+    from tl_query_lens.ranges import parse_ranges
 
     kind = _unwrap(kind)[0]
     items = _items(kind)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options, preset_defaults
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command
 
 
 @dataclass

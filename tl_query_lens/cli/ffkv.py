@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command
 
 RUN = {"out": "results/ffkv", "layers": "0,6,12,18,24,29", "n_seqs": 32, "seq_len": 64}
 
@@ -41,12 +41,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens import FFKV
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
-    from tl_query_lens.cli.ranges import parse_layers
+    from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.dictionaries.splice import FFKVSummary, FFKVSummaryConfig, ffkv_summary
     from tl_query_lens.interrupts import with_resume
+    from tl_query_lens.ranges import parse_layers
 
     run_cfg, cfg, options = build(RunConfig, args), build(FFKVSummaryConfig, args), build(FFKVOptions, args)
     dims = check_run(run_cfg)

@@ -27,6 +27,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tl_query_lens.cli.subcommand import configure
+
 _IDENTITY = "argparse-identity"
 _VERSIONED = ("torch", "transformer_lens", "sae_lens")
 
@@ -75,8 +77,6 @@ def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
 def configure_cached(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     """Configure subcommand ``name`` of ``parser``: from the cache when it holds this source's parser, else by
     importing its configs (then cached). Returns the subcommand's parser."""
-    from tl_query_lens.cli import configure
-
     action = _subparsers(parser)
     sub = action.choices[name]
     if "tlql_configure" not in sub.__dict__:

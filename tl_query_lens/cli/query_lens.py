@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/query_lens", "layers": "18", "features": "0-24", "n_seqs": 8, "seq_len": 32}
@@ -59,14 +59,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens import FFKV, QueryLens
     from tl_query_lens.cli import ql_evaluate
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
-    from tl_query_lens.cli.ranges import parse_features, parse_layers
     from tl_query_lens.cli.table1 import run_table1
+    from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.errors import InputError
+    from tl_query_lens.query_lens.lens import QueryLens
     from tl_query_lens.query_lens.table1 import Table1Config
+    from tl_query_lens.ranges import parse_features, parse_layers
 
     run_cfg, options = build(RunConfig, args), build(QueryLensOptions, args)
     if options.evaluate:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Literal
 
-from tl_query_lens.cli import command, configure, readout_decompose, readout_eval
+from tl_query_lens.cli import readout_decompose, readout_eval
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options, preset_defaults
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command, configure
 from tl_query_lens.paths import plain_name
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary")
@@ -119,20 +119,3 @@ def run_fit(args: argparse.Namespace) -> int:
         fit.sae.save_model(target)
     print(f"Readout SAE saved to {target} ({fit.seconds:.0f} s): " + json.dumps(fit.final))
     return 0
-
-
-def load_readout(model_name: str, sae_id: str, sae_path: str | None) -> Callable[[], Any]:
-    """Check that the readout SAE exists (the folder, or ``sae_id`` fitted in the user cache) and return its loader."""
-    from tl_query_lens.errors import InputError
-    from tl_query_lens.readout.registry import READOUT_RELEASES, fit_command, release_name
-    from tl_query_lens.sources import load_dictionary, parse_source
-
-    if not sae_path and sae_id not in READOUT_RELEASES.available_ids(model_name):
-        preset = sae_id if sae_id in ("small", "paper") else "small"
-        raise InputError(
-            f"No readout SAE {sae_id!r} for {model_name} is shipped or cached (available: "
-            f"{READOUT_RELEASES.available_ids(model_name) or 'none'}); fit "
-            f"it with `{fit_command(model_name, sae_id, preset)}`, or pass --sae-id one of those or --sae-path <folder>."
-        )
-    source = parse_source(sae_path or f"{release_name(model_name)}:{sae_id}", "--sae-path" if sae_path else "--sae-id")
-    return lambda: load_dictionary(source)

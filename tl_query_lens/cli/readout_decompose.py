@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command
 from tl_query_lens.config import check_ranges
 from tl_query_lens.paths import plain_name
 
@@ -63,6 +64,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run_decompose)
 
 
+def load_readout(model_name: str, sae_id: str, sae_path: str | None) -> Callable[[], Any]:
+    """Check that the readout SAE exists (the folder, or ``sae_id`` fitted in the user cache) and return its loader."""
+    from tl_query_lens.errors import InputError
+    from tl_query_lens.readout.registry import READOUT_RELEASES, fit_command, release_name
+    from tl_query_lens.sources import load_dictionary, parse_source
+
+    if not sae_path and sae_id not in READOUT_RELEASES.available_ids(model_name):
+        preset = sae_id if sae_id in ("small", "paper") else "small"
+        raise InputError(
+            f"No readout SAE {sae_id!r} for {model_name} is shipped or cached (available: "
+            f"{READOUT_RELEASES.available_ids(model_name) or 'none'}); fit "
+            f"it with `{fit_command(model_name, sae_id, preset)}`, or pass --sae-id one of those or --sae-path <folder>."
+        )
+    source = parse_source(sae_path or f"{release_name(model_name)}:{sae_id}", "--sae-path" if sae_path else "--sae-id")
+    return lambda: load_dictionary(source)
+
+
 def _token_id(model, text: str) -> int:
     from tl_query_lens.errors import InputError
 
@@ -78,7 +96,6 @@ def run_decompose(args: argparse.Namespace) -> int:
     from tl_query_lens import readout as ro
     from tl_query_lens.cli.checks import check_run
     from tl_query_lens.cli.common import load_model
-    from tl_query_lens.cli.readout import load_readout
     from tl_query_lens.errors import InputError
     from tl_query_lens.hooks import check_hook
     from tl_query_lens.readout.states import logit_lens

@@ -8,10 +8,10 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tl_query_lens.cli import command
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.cli.subcommand import command
 from tl_query_lens.config import check_ranges
 
 logger = logging.getLogger(__name__)
@@ -68,14 +68,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens import FFKV
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
-    from tl_query_lens.cli.ranges import parse_layers
     from tl_query_lens.dictionaries.absorption import AbsorptionConfig
     from tl_query_lens.dictionaries.compare import CompareConfig, DictionaryComparison, compare_dictionaries
+    from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.errors import InputError
     from tl_query_lens.hooks import hook_layer
+    from tl_query_lens.ranges import parse_layers
     from tl_query_lens.sources import load_dictionary, parse_source, release_ids
 
     run_cfg, options = build(RunConfig, args), build(CompareOptions, args)

@@ -25,10 +25,10 @@ def run_table1(
 
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
-    from tl_query_lens.cli.ranges import parse_features, parse_layers
     from tl_query_lens.errors import InputError
     from tl_query_lens.query_lens import table1
     from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+    from tl_query_lens.ranges import parse_features, parse_layers
     from tl_query_lens.sources import load_sources, parse_sources
 
     if not 1 <= n_prompts <= len(NEUTRAL_PROMPTS):
