@@ -18,7 +18,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-import tl_query_lens
 from tl_query_lens import paths
 from tl_query_lens.broad_corpus import main as broad_main
 from tl_query_lens.cli import main
@@ -35,7 +34,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(tl_query_lens, "load_model", refuse)
+    monkeypatch.setattr("tl_query_lens.models.load_model", refuse)
 
 
 def one_line_error(capsys, argv, runner=main) -> str:
@@ -273,7 +272,7 @@ def test_a_library_error_in_a_command_is_one_line(monkeypatch, capsys, tmp_path)
 
         return load_file(str(broken))
 
-    monkeypatch.setattr(tl_query_lens, "load_model", load)
+    monkeypatch.setattr("tl_query_lens.models.load_model", load)
     line = one_line_error(capsys, ["ffkv", "--layers", "0", "--out", str(tmp_path / "o"), "--no-wandb"])
     assert "safetensors" in line and "--debug" in line
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import tl_query_lens
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.cli import main
@@ -53,7 +52,7 @@ def user_folder(tmp_path):
 
 
 def test_atlas_refuses_a_users_folder_and_leaves_it_untouched(user_folder, capsys, monkeypatch):
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda *a, **k: pytest.fail("model loaded"))
     before = {p.name: p.read_bytes() for p in user_folder.iterdir()}
     assert main(["atlas", "--out", str(user_folder), "--no-wandb"]) == 2
     err = capsys.readouterr().err
@@ -63,7 +62,7 @@ def test_atlas_refuses_a_users_folder_and_leaves_it_untouched(user_folder, capsy
 
 @pytest.mark.parametrize("command", [["ffkv", "--layers", "0"], ["certify"], ["readout", "fit"], ["query-lens"]])
 def test_every_command_refuses_a_users_folder(command, user_folder, capsys, monkeypatch):
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda *a, **k: pytest.fail("model loaded"))
     assert main([*command, "--out", str(user_folder), "--no-wandb"]) == 2
     assert "no tlql run wrote" in capsys.readouterr().err
     assert not (user_folder / LOCK_NAME).exists()
@@ -177,7 +176,7 @@ def test_a_second_readout_fit_of_one_id_is_refused_before_the_model_loads(tmp_pa
     from tl_query_lens.readout.registry import cached_sae_path
 
     monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(tl_query_lens, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda *a, **k: pytest.fail("model loaded"))
     entry = cached_sae_path("smollm2-135m", "mine")
     with folder_lock(entry.parent, "the readout cache", name=f".{entry.name}.tlql.lock"):
         code = main(["readout", "fit", "--sae-id", "mine", "--out", str(tmp_path / "o"), "--no-wandb"])
