@@ -40,7 +40,7 @@ def tiny_config(style: Style = "gelu_ln", **overrides) -> HookedTransformerConfi
     return HookedTransformerConfig(**{**common, **kw, **overrides})
 
 
-# The architecture matrix: tiny random configs mirroring the families users run (docs/design.md §4; issue 13).
+# The architecture matrix: tiny random configs mirroring the families users run (docs/design.md §4).
 ARCHITECTURES: dict[str, dict] = {
     # GPT-2: LayerNorm, learned positions, gelu_new, qkv biases.
     "gpt2": {"act_fn": "gelu_new", "normalization_type": "LN", "positional_embedding_type": "standard"},

@@ -179,7 +179,7 @@ CASES = [
         "No readout SAE 'never-fitted'",
     ),
     ("readout_path_not_sae", ["readout", "eval", "--sae-path", "{not_sae}"], "holds no cfg.json"),
-    # issue 26: numbers checked against the (embedded) model before it loads, names kept inside their folders
+    # numbers checked against the (embedded) model before it loads, names kept inside their folders
     ("query_lens_k_beyond_vocab", ["query-lens", "--k", "60000"], "--k must be ≤ 49152"),
     ("ffkv_k_beyond_width", ["ffkv", "--k", "5000"], "--k must be ≤ 1536"),
     ("certify_k_beyond_width", ["certify", "--k", "5000"], "--k must be ≤ 1536"),

@@ -41,6 +41,29 @@ def test_no_machine_path_in_docs_or_benchmarks() -> None:
     assert not hits, "machine paths (write them relative to the repository):\n" + "\n".join(hits)
 
 
+# A citation of the project's issue tracker, which readers cannot open: cite the doc section or the paper instead.
+ISSUE_CITATION = re.compile(r"\b[Ii]ssues?\s+#?\d+|\bissue\s+#\d+")
+
+
+def test_no_issue_citations_in_the_repository() -> None:
+    """Nothing a user reads (docs, package, tests, scripts, configuration) points at an issue number."""
+    hits = []
+    for path in _tracked("."):
+        if path.suffix not in TEXT or path.name == "test_docs_records.py":
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if ISSUE_CITATION.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}")
+    assert not hits, "issue citations (name the doc section or the paper instead):\n" + "\n".join(hits)
+
+
+def test_issue_citation_pattern() -> None:
+    for bad in ("(issue 28)", "## Issue 26: lost work", "issues 10 and 11", "issue #4"):
+        assert ISSUE_CITATION.search(bad), bad
+    for good in ("a known issue", "issues with tokens", "docs/reliability.md §3", "tissue 5"):
+        assert not ISSUE_CITATION.search(good), good
+
+
 def test_machine_path_pattern_catches_what_records_held() -> None:
     for bad in ("/work/main/.venv/bin/python x", "--out /work/runs/t", "TLQL_CACHE=/tmp/fresh", "a/.venv/bin/torchrun"):
         assert MACHINE_PATH.search(bad), bad

@@ -1,4 +1,4 @@
-"""The engine's FLOP accounting (operators/flops.py) against two independent references (issue 28).
+"""The engine's FLOP accounting (operators/flops.py) against two independent references (docs/gpu.md).
 
 1. A hand count on the tiny models, written out as plain arithmetic from the config numbers.
 2. ``torch.utils.flop_counter.FlopCounterMode``, which counts the matrix products torch actually dispatches.

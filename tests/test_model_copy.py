@@ -1,4 +1,4 @@
-"""``copy_model``: a copy shares no parameter and no forward closure with its original (issue 28).
+"""``copy_model``: a copy shares no parameter and no forward closure with its original (docs/gpu.md).
 
 ``copy.deepcopy`` of a ``HookedSAETransformer`` keeps SAELens' MLP wrapper (``mlp.forward = lambda x:
 original_forward(mlp.hook_in(x))``) bound to the ORIGINAL's MLP: on a GPU the "CPU copy" then multiplied CPU inputs by
@@ -82,7 +82,7 @@ def test_copy_to_another_device_runs_only_there(style):
     model = tiny_model(style)
     tokens = tiny_tokens(model, n_seqs=2, seq_len=6)
     deep = copy.deepcopy(model).to("meta")
-    with pytest.raises(RuntimeError, match="device|meta"), torch.no_grad():  # issue 28: CPU weights in the MLPs
+    with pytest.raises(RuntimeError, match="device|meta"), torch.no_grad():  # CPU weights in the MLPs (docs/gpu.md)
         deep(tokens.to("meta"))
     clone = copy_model(model, device="meta")
     assert {p.device.type for p in clone.parameters()} == {"meta"} and clone.cfg.device == "meta"

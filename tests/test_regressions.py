@@ -1,4 +1,4 @@
-"""Regression tests for the bugs listed in issue 12; each fails on the code before the fix."""
+"""Regression tests for bugs users reported (docs/reliability.md); each fails on the code before the fix."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reliability, round two (issue 26): no silent wrong results, no lost work, nothing written or read outside its
+"""Reliability, round two (docs/reliability.md): no silent wrong results, no lost work, nothing written or read outside its
 folder. Each test is a row of docs/reliability.md; the comparisons are against independent computations (a fresh
 operator sweep, Python's own JSON parser, the file system), never against the code under test."""
 

@@ -56,11 +56,11 @@ RESULT_CLASSES = [
     CrossLensResult,
     StateBank,
     DocumentWindows,
-    # paper protocols (issue 11)
+    # paper protocols (docs/reproduction.md)
     ProtocolCertification,
     PaperReadoutDiagnostics,
     CrossLensPromptResult,
-    # FF-KV paper's comparison and the SAE suite (issue 10)
+    # FF-KV paper's comparison and the SAE suite (docs/saes.md)
     DictionaryComparison,
     AbsorptionResult,
     FaithfulnessResult,

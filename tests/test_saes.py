@@ -1,4 +1,4 @@
-"""The trained SAE / transcoder suite on tiny models: training, registry, resume, bad input, report (issue 10)."""
+"""The trained SAE / transcoder suite on tiny models: training, registry, resume, bad input, report (docs/saes.md)."""
 
 import json
 import os

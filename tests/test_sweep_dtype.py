@@ -1,4 +1,4 @@
-"""``sweep_dtype``: the engine's sweeps on a copy of the model in another dtype, sums in fp32 (issue 28)."""
+"""``sweep_dtype``: the engine's sweeps on a copy of the model in another dtype, sums in fp32 (docs/gpu.md)."""
 
 import pytest
 import torch

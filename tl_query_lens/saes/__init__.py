@@ -1,4 +1,4 @@
-"""Trained sparse dictionaries of the embedded model: TopK residual SAEs and TopK transcoders (issue 10)."""
+"""Trained sparse dictionaries of the embedded model: TopK residual SAEs and TopK transcoders (docs/saes.md)."""
 
 from tl_query_lens.saes import transcoder as _transcoder  # noqa: F401  (registers "topk_transcoder")
 from tl_query_lens.saes.registry import SAES_RELEASES, register_releases, sae_id

@@ -58,7 +58,7 @@ PARTIAL_SUFFIX = ".partial"  # id suffix of a dictionary exported before its tra
 
 @dataclass
 class SAESuiteConfig:
-    """What to train (defaults: the suite of issue 10 on the embedded model).
+    """What to train (defaults: the shipped suite of the embedded model, docs/saes.md).
 
     Attributes:
         model: model name; names the release ``tlql-saes-<model>``.
