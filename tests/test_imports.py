@@ -33,13 +33,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "paths",
             "interrupts",
             "ranges",
+            "budget",
+            "wandb_env",
         ),
     ),
     ("engine", ("operators",)),
     ("dictionaries", ("dictionaries",)),
     ("methods", ("query_lens", "readout", "certify", "saes")),
     # "": the package's own __init__
-    ("surfaces", ("sources", "tracking", "report", "atlas", "demo", "reproduce", "cli", "__main__", "")),
+    ("surfaces", ("sources", "tracking", "report", "atlas", "demo", "demo_progress", "reproduce", "cli", "__main__", "")),
 ]
 # Imported where they are used (inside a function): slow to import and not needed by most calls.
 HEAVY_OPTIONAL = {"wandb", "plotly", "selenium", "scipy", "sae_bench", "transformers", "datasets", "huggingface_hub"}

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import numbers
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,9 +150,6 @@ def boundary_error(err: BaseException) -> InputError | None:
     a safetensors file (``SafetensorError``), a JSON file (``JSONDecodeError``), a pickle (``UnpicklingError``),
     a write (``OSError`` of a full, read-only or foreign disk), CUDA asked for without CUDA, memory exhausted.
     """
-    import json
-    import pickle
-
     if isinstance(err, InputError):
         return err
     kind = type(err).__name__

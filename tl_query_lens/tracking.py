@@ -14,6 +14,7 @@ from typing_extensions import Self
 
 from tl_query_lens.presentation import Presentable
 from tl_query_lens.results import atomic_write_text, write_json
+from tl_query_lens.wandb_env import wandb_env_problem
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +135,6 @@ class Tracker:
             )
             return
         mode = os.environ.get("WANDB_MODE", "offline")
-        from tl_query_lens.cli.run import wandb_env_problem
-
         problem = wandb_env_problem()  # a bad WANDB_DIR / WANDB_INIT_TIMEOUT is named, not retried offline
         if problem:
             self._warn(problem, offline_dir=None, retry_offline=False)

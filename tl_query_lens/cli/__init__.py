@@ -144,8 +144,8 @@ def _output_folder(args: argparse.Namespace) -> Iterator[None]:
     """Check ``--out`` (a folder that can be created and written, with plain component names, new or empty or written
     by tlql before: :func:`~tl_query_lens.paths.check_owned`) and hold its lock while the command runs, so two runs never write one folder; a folder this run created and left empty (the
     command stopped on a user error) is removed again."""
-    from tl_query_lens.cli.run import check_wandb_mode
     from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, folder_lock
+    from tl_query_lens.wandb_env import check_wandb_mode
 
     if getattr(args, "wandb", False):
         check_wandb_mode()

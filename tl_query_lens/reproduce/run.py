@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, check_json_shape
+from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.presentation import Table
 from tl_query_lens.releases import shipped_only, shipped_root
 from tl_query_lens.reproduce import rows as row_table
@@ -195,8 +196,6 @@ def missing_needs(name: str) -> str | None:
 def _content_key(name: str, model, size: str) -> str:
     """The content fingerprint of an experiment's result: the model's weights (``weights_fingerprint``), the
     shipped dictionaries (their release manifests hold every file's SHA-256), the size and its settings."""
-    from tl_query_lens.models import weights_fingerprint
-
     release = hashlib.sha256()
     for manifest in sorted(shipped_root().glob("*/manifest.json")):
         release.update(manifest.read_bytes())
