@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         ProtocolCertifyConfig,
         taken=taken,
-        defaults={"protocol": "fixed-pool"},
+        defaults={"protocol": "tlql"},
         shown={"checkpoint_dir": "<--out>/partial"},
     )
     parser.set_defaults(func=run)

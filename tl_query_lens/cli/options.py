@@ -38,7 +38,8 @@ def field_help(cls: type) -> dict[str, str]:
             head, _, body = entry.partition(": ")
             keys = [k.strip() for k in re.split(r"[,/]", head)]
             if body and all(k in names for k in keys):
-                plain = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", body.strip()).replace("``", "'")
+                plain = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", body.strip())
+                plain = plain.replace('``"', "'").replace('"``', "'").replace("``", "'")  # ``"tlql"`` → 'tlql'
                 helps.update(dict.fromkeys(keys, plain))  # reST roles and literals as plain text
     return helps
 
