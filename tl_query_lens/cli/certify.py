@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         ProtocolCertifyConfig,
         taken=taken,
-        defaults={"protocol": "fixed-pool"},
+        defaults={"protocol": "tlql"},
         shown={"checkpoint_dir": "<--out>/partial"},
     )
     parser.set_defaults(func=run)
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     cal = load_tokens(run_cfg, model, "calibration", n_seqs=cfg.n_cal)
     ev = load_tokens(run_cfg, model, "evaluation", n_seqs=cfg.n_eval or 1000)
     sweep = protocol.certify_protocol(model, saes, tokens=(cal, ev), cfg=cfg).sweep
+    assert sweep is not None  # certify_protocol attaches the sweep behind its rows
     sweep.save(out)
     with tracker(run_cfg, "certify", args, certify=cfg) as track:
         table = track.log_table("certificates", list(LayerSweep.COLUMNS), sweep.rows())
@@ -102,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
             "times",
             {"clean_s": times.clean, "proxy_s": times.proxy, "restricted_s": times.restricted, "pool_s": times.pool},
         )
-        real = dict(sweep.certificates)
+        real = {str(label): cert for label, cert in sweep.certificates.items()}  # the --dictionary labels
         track.log_plot("bound_vs_N", bound_vs_n_figure(real))
         track.log_plot("bound_occam_vs_N", bound_vs_n_figure(real, occam=True, title="Occam bound vs N"))
         if sweep.shuffled:
-            shuffled = dict(sweep.shuffled)
+            shuffled = {str(label): cert for label, cert in sweep.shuffled.items()}
             track.log_plot("gap_real_vs_shuffled", gap_distribution_figure(real, shuffled))
             track.log_plot("bound_vs_N_shuffled", bound_vs_n_figure(shuffled, title="Shuffled proxies: bound vs N"))
         track.log_artifact("certificates", [p for p in out.iterdir() if (p / "result.json").exists()])

@@ -99,7 +99,7 @@ def check_model_name(name: str) -> ModelDims | None:
     """Refuse names neither embedded nor known to TransformerLens; dimensions of the embedded model (else None)."""
     if _ALIASES.get(name.lower(), name.lower()) in EMBEDDED_MODELS:
         cfg = smollm2_config()
-        return ModelDims(cfg.n_layers, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx, cfg.d_model)
+        return ModelDims(cfg.n_layers, cfg.d_mlp or 0, cfg.d_vocab, cfg.n_ctx, cfg.d_model)
     from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:

@@ -20,7 +20,7 @@ def load_model(run: RunConfig):
 
 
 def load_tokens(
-    run: RunConfig, model, split: str, *, n_seqs: int | None = None, seq_len: int | None = None
+    run: RunConfig, model, split: corpus.Split, *, n_seqs: int | None = None, seq_len: int | None = None
 ) -> torch.Tensor:
     """``[n_seqs, seq_len]`` windows of ``split`` of ``--corpus`` (sizes default to ``--n-seqs`` / ``--seq-len``)."""
     return corpus.load_corpus(
@@ -33,7 +33,9 @@ def tracker(
 ) -> Tracker:
     """The run's :class:`Tracker`: the options as given plus the configs built from them are its config."""
     record = {k: v for k, v in vars(args).items() if not callable(v)}
-    record |= {key: asdict(cfg) if is_dataclass(cfg) else cfg for key, cfg in configs.items()}
+    record |= {
+        key: asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else cfg for key, cfg in configs.items()
+    }
     return Tracker(Path(out or run.out), project=run.wandb_project, name=name, config=record, use_wandb=run.wandb)
 
 

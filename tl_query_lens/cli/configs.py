@@ -71,7 +71,7 @@ def convert(value: Any, kind: Any, name: str) -> Any:
         return value
     if items is None:
         return Path(value) if kind is Path else value
-    parts = [p.strip() for p in str(value).split(",") if p.strip()]
+    parts: list[str | float] = [p.strip() for p in str(value).split(",") if p.strip()]
     if items is int:  # ids and ranges: '3,5', '0-9,15'
         return (
             tuple(parse_ranges(str(value), None, option(name)))

@@ -38,7 +38,8 @@ def field_help(cls: type) -> dict[str, str]:
             head, _, body = entry.partition(": ")
             keys = [k.strip() for k in re.split(r"[,/]", head)]
             if body and all(k in names for k in keys):
-                plain = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", body.strip()).replace("``", "'")
+                plain = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", body.strip())
+                plain = plain.replace('``"', "'").replace('"``', "'").replace("``", "'")  # ``"tlql"`` → 'tlql'
                 helps.update(dict.fromkeys(keys, plain))  # reST roles and literals as plain text
     return helps
 
@@ -141,8 +142,9 @@ def add_options(
         if f.name in taken or f.name in skip or not f.init or unsupported:
             continue
         taken.add(f.name)
-        if f.name in getattr(cls, "RANGES", {}):  # checked by main() right after parsing (no config import needed)
-            parser.__dict__.setdefault("tlql_ranges", {})[f.name] = cls.RANGES[f.name]
+        ranges = getattr(cls, "RANGES", {})
+        if f.name in ranges:  # checked by main() right after parsing (no config import needed)
+            parser.__dict__.setdefault("tlql_ranges", {})[f.name] = ranges[f.name]
         factory = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else factory)
         flags = [option(f.name), *([aliases[f.name]] if f.name in aliases else [])]

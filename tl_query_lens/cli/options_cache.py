@@ -53,7 +53,9 @@ def source_key() -> str:
     for name in _VERSIONED:  # an upgrade rewrites the package's __init__.py (importlib.metadata is slow to import)
         with contextlib.suppress(ImportError, ValueError, OSError, AttributeError):
             spec = importlib.util.find_spec(name)
-            stat = os.stat(spec.origin)  # type: ignore[union-attr,arg-type]
+            if spec is None or spec.origin is None:  # not installed
+                continue
+            stat = os.stat(spec.origin)
             digest.update(f"{name}:{spec.origin}:{stat.st_mtime_ns}:{stat.st_size}".encode())
     return digest.hexdigest()[:16]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
@@ -13,7 +13,7 @@ from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
 from tl_query_lens.config import check_ranges
 
-RUN = {"out": "results/ql_eval", "layers": "6,12,18,24", "n_seqs": 512, "seq_len": 32}
+RUN: dict[str, Any] = {"out": "results/ql_eval", "layers": "6,12,18,24", "n_seqs": 512, "seq_len": 32}
 
 
 @dataclass

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = load_tokens(run_cfg, model, "train")
     lens = QueryLens(model, tokens, engine=engine)
     sides = ["value", "key"] if options.side == "both" else [options.side]
-    key_method = "full" if options.method == "first_order" else options.method  # first_order is value-side only
+    # first_order is value-side only
+    key_method: Literal["full", "logit_lens"] = "full" if options.method == "first_order" else options.method
     out = Path(run_cfg.out)
     with tracker(run_cfg, "query_lens", args) as track:
         for layer in layers:

@@ -57,7 +57,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
     taken = add_options(parser, RunConfig, skip=device, defaults={"device": "cpu"})
     taken = add_options(parser, SAESuiteConfig, taken=taken, aliases={"batch_size_tokens": "--batch-size"})
     add_options(parser, TrainOptions, taken=taken)
-    parser.tlql_ranges["n_seqs"] = "[0, inf)"  # type: ignore[attr-defined]  (--n-seqs 0: every window)
+    parser.__dict__["tlql_ranges"]["n_seqs"] = "[0, inf)"  # --n-seqs 0: every window
     parser.set_defaults(func=run_train)
 
 

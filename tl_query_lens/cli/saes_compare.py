@@ -27,7 +27,7 @@ class CompareOptions:
         dictionaries: more dictionaries: folders saved with save_model, '<release>:<sae_id>' or
             '<hf-org>/<repo>:<sae_id>'.
         k: TopK FF-KV size (default: the k of the layer's TopK SAE when loaded, else 32).
-        absorption: score first-letter absorption (--no-absorption skips it).
+        absorption: score first-letter absorption.
     """
 
     release: str = "tlql-saes-smollm2-135m"

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     release = SAES_RELEASES.release_name(run_cfg.model)
     SAES_RELEASES.register()
     ids = None if options.ids == "all" else [i.strip() for i in options.ids.split(",") if i.strip()]
-    saes = {s.sae_id: load_dictionary(s, device=run_cfg.device) for s in release_sources(release, ids)}
+    saes = {s.name: load_dictionary(s, device=run_cfg.device) for s in release_sources(release, ids)}
     model = load_model(run_cfg)
     tokens = load_tokens(run_cfg, model, "evaluation")
     suite_file = SAES_RELEASES.root() / release / "suite.json"

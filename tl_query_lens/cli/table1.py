@@ -4,6 +4,7 @@ loaded, :func:`~tl_query_lens.query_lens.table1.evaluate_table1` called, results
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.run import RunConfig
@@ -70,7 +71,7 @@ def run_table1(
     model = load_model(run_cfg)
     check_limits(dims_of(model), {"--k": (cfg.k, "d_vocab")}, run_cfg.model)
     loaded = load_sources(sources, model, parse_layers(run_cfg.layers, model.cfg.n_layers))
-    saes = {d.label: d.sae for d in loaded}
+    saes: dict[int | str, Any] = {d.label: d.sae for d in loaded}
     d_sae = min(int(sae.cfg.d_sae) for sae in saes.values())
     if cfg.features_per_layer > d_sae:  # all of them would be used, silently
         raise InputError(
