@@ -49,7 +49,7 @@ def _comparison():
         | {"full_absorption": 0.0, "absorption_letters": 4, "absorption_note": "x"},
     ]
     result.faithfulness = [
-        {"label": "tc L1", "layer": 1} | dict.fromkeys(DictionaryComparison.FAITHFULNESS_COLUMNS[2:], 0.5)
+        {"label": "tc L1", "layer": 1} | dict.fromkeys(DictionaryComparison.FAITHFULNESS_METRICS, 0.5)
     ]
     result.times = {"dictionaries": 1.5, "faithfulness": 2}
     return result

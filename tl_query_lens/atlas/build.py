@@ -58,6 +58,7 @@ from tl_query_lens.budget import check_memory
 from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
+from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.hooks import stop_layer
 from tl_query_lens.models import weights_fingerprint
@@ -440,42 +441,30 @@ def load_any_result(folder: Path) -> SavableResult:
 
 
 class _Quality:
-    """L0, alive and explained variance of one whole dictionary over the pass."""
+    """L0, alive and explained variance of one whole dictionary over the pass, summed by
+    :class:`~tl_query_lens.dictionaries.splice.SpliceStats` (the one definition of L0 and alive, as in ``tlql ffkv``
+    and ``tlql saes report``); the atlas has no spliced logits, so no CE or KL."""
 
     def __init__(self, d: AtlasDictionary) -> None:
         self.d = d
-        self.active = 0.0
-        self.positions = 0
-        self.fired = torch.zeros(d.d_sae, dtype=torch.bool)
+        self.stats = SpliceStats(d.d_sae)
         self.exact = d.kind == "ffkv" and getattr(d.sae.cfg, "variant", "") == "vanilla"
-        self.err = 0.0
-        self.sum: torch.Tensor | None = None
-        self.sq = 0.0
 
     @torch.no_grad()
     def update(self, acts: torch.Tensor, target: torch.Tensor | None, skip: int) -> None:
         acts = acts[:, skip:]
-        self.positions += acts.shape[0] * acts.shape[1]
-        self.active += float((acts != 0).sum())
-        self.fired |= (acts > 0).flatten(0, 1).any(0).cpu()
+        self.stats.update_codes(acts)
         if self.exact or target is None:
             return
-        y = target[:, skip:].flatten(0, 1).float()
-        y = y.flatten(1) if y.ndim > 2 else y
-        recon = self.d.sae.decode(acts.flatten(0, 1)).float()
+        y = target[:, skip:]
+        recon = self.d.sae.decode(acts)
         if recon.numel() != y.numel():  # a decoder into another space than the write hook (hook_z): no EV
             self.exact = True
             return
-        recon = recon.reshape(y.shape)
-        self.err += float((y - recon).pow(2).sum())
-        self.sum = y.sum(0) if self.sum is None else self.sum + y.sum(0)
-        self.sq += float(y.pow(2).sum())
+        self.stats.update_reconstruction(y.flatten(2).float(), recon.reshape(y.flatten(2).shape).float())
 
     def result(self) -> DictionaryQuality:
-        ev = None
-        if not self.exact and self.sum is not None and self.positions:
-            total = self.sq - float(self.sum.pow(2).sum()) / self.positions
-            ev = 1.0 - self.err / total if total > 0 else float("nan")
+        values = self.stats.metrics()
         d = self.d
         return DictionaryQuality(
             d.slug,
@@ -484,11 +473,11 @@ class _Quality:
             d.spec,
             d.layer,
             d.d_sae,
-            l0=self.active / max(self.positions, 1),
-            alive=float(self.fired.float().mean()),
-            explained_variance=ev,
+            l0=values["mean_l0"],
+            alive=values["alive_rate"],
+            explained_variance=None if self.exact else values.get("explained_variance"),
             ce_recovered=None,
-            n_tokens=self.positions,
+            n_tokens=values["n_tokens"],
         )
 
 
@@ -549,7 +538,7 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
         full = [u.dictionary for u in units if _basis(u.dictionary, cfg, model) == "identity"]
         full = list({d.slug: d for d in full}.values())
         if full:
-            lens.precompute([d.sae for d in full], value_methods=("full", "first_order"), key_methods=("full",))
+            lens.precompute([d.view for d in full], value_methods=("full", "first_order"), key_methods=("full",))
     seconds["operators"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     offsets: dict[str, int] = {}

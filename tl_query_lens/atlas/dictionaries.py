@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.errors import InputError
 from tl_query_lens.hooks import check_hook, hook_layer
 from tl_query_lens.models import _ALIASES
@@ -29,7 +29,8 @@ class AtlasDictionary:
         slug: its id in the site and Neuronpedia's source id, ``"{layer}-{set}"`` (e.g. ``12-ffkv``, ``12-tlql-res``).
         label: a human name (``ffkv L12``). kind: ``"ffkv"``, ``"sae"``, ``"transcoder"`` or ``"readout"``.
         spec: the spec it was loaded from. layer: the layer of its read hook (n_layers for the final norm).
-        sae: the loaded dictionary. read_hook / write_hook: where it reads and writes.
+        sae: the loaded dictionary. view: its key–value view, built and checked once when it is loaded and passed
+            to every step that needs it (the lens, the signatures, the neuron links).
     """
 
     slug: str
@@ -38,12 +39,21 @@ class AtlasDictionary:
     spec: str
     layer: int
     sae: Any
-    read_hook: str
-    write_hook: str
+    view: KeyValueView
 
     @property
     def d_sae(self) -> int:
         return int(self.sae.cfg.d_sae)
+
+    @property
+    def read_hook(self) -> str:
+        """The hook the dictionary reads."""
+        return self.view.read_hook
+
+    @property
+    def write_hook(self) -> str:
+        """The hook the dictionary's reconstruction replaces (in the residual stream for hook_z SAEs)."""
+        return self.view.write_hook
 
 
 def _set_name(source: DictionarySource, kind: str) -> str:
@@ -121,16 +131,13 @@ def load_atlas_dictionaries(model: HookedTransformer, sources: list[DictionarySo
         kind = _kind(sae, source)
         try:
             view = as_key_value(sae, model)
-            read_hook, write_hook = view.read_hook, view.write_hook
         except (ValueError, TypeError) as err:
             raise InputError(f"--dictionary {source.spec!r} does not fit this model: {err}") from None
-        layer = hook_layer(read_hook)
+        layer = hook_layer(view.read_hook)
         layer = model.cfg.n_layers if layer is None else layer
         set_name = _set_name(source, kind)
         label = f"{kind} L{layer}" + ("" if set_name in ("ffkv", "tlql-res", "tlql-tc") else f" {set_name}")
-        loaded.append(
-            AtlasDictionary(f"{layer}-{set_name}", label, kind, source.spec, layer, sae, read_hook, write_hook)
-        )
+        loaded.append(AtlasDictionary(f"{layer}-{set_name}", label, kind, source.spec, layer, sae, view))
     slugs = [d.slug for d in loaded]
     twice = sorted({s for s in slugs if slugs.count(s) > 1})
     if twice:

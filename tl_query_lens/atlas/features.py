@@ -23,7 +23,7 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.atlas.dictionaries import AtlasDictionary
 from tl_query_lens.dictionaries.ffkv import FFKV
-from tl_query_lens.dictionaries.key_value import as_key_value
+from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
 from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.result import readout_scores
 
@@ -87,7 +87,7 @@ def unit_signatures(
     """Signatures of features ``ids`` of ``dictionary`` (a method the dictionary does not allow is recorded in
     ``missing`` with the engine's reason)."""
     out = UnitSignatures()
-    sae = dictionary.sae
+    sae = dictionary.view  # built once when the dictionary was loaded; the lens takes it as it is
 
     def attempt(name: str, call) -> Any:
         try:
@@ -122,12 +122,11 @@ def unit_signatures(
 
 
 @torch.no_grad()
-def _indirect(lens, model, sae, ids, k: int, basis: str) -> SignatureLists:
-    view = as_key_value(sae, model)
+def _indirect(lens, model, view: KeyValueView, ids, k: int, basis: str) -> SignatureLists:
     if view.value_source is not None:
         raise ValueError("the direct term of a post-norm dictionary is no fixed direction; only the full signature")
-    full = lens.value_directions(sae, ids, method="full", basis=basis)
-    direct = lens.value_directions(sae, ids, method="logit_lens", basis=basis)
+    full = lens.value_directions(view, ids, method="full", basis=basis)
+    direct = lens.value_directions(view, ids, method="logit_lens", basis=basis)
     raw = (full - direct.to(full)).to(model.cfg.dtype)
     directions = model.ln_final(raw[None])[0].float()  # LN_f on the direction itself, as for every value signature
     scores = readout_scores(model, directions, "unembed", False, None)
@@ -166,8 +165,8 @@ def neuron_links(
             continue
         layer = dictionary.layer
         neurons = FFKV.from_model(model, layer)
-        rows = as_key_value(dictionary.sae, model).values.float()
-        cols = as_key_value(neurons, model).values.float()
+        rows = dictionary.view.values.float()
+        cols = as_key_value(neurons).values.float()  # the model's own W_out: no hooks to check
         cos = torch.nn.functional.normalize(rows, dim=1) @ torch.nn.functional.normalize(cols, dim=1).T
         n = min(n_links, cos.shape[1])
         best = cos.topk(n, dim=1)

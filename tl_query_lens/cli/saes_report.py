@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.results import atomic_write_text, read_json
     from tl_query_lens.saes.registry import SAES_RELEASES
-    from tl_query_lens.saes.report import COLUMNS, SAEReportConfig, add_training_window_alive, suite_quality
+    from tl_query_lens.saes.report import SAEReportConfig, add_training_window_alive, suite_quality
     from tl_query_lens.sources import load_dictionary, release_sources
 
     cfg, options = build(SAEReportConfig, args), build(ReportOptions, args)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             quality.saelens = saelens_quality(model, saes, tokens, batch_size=cfg.batch_size)
         quality.save(out)
         atomic_write_text(out / "quality.md", quality.markdown() + "\n")
-        track.log_table("saes_quality", COLUMNS, [[r[c] for c in COLUMNS] for r in quality.rows])
+        track.log_result(quality, "saes_quality")  # its scalars and table, to files and W&B
     print(quality.markdown())
     print(
         f"{quality.n_tokens} evaluation tokens, {quality.seconds:.0f} s; dictionaries trained on "

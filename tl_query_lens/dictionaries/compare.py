@@ -111,9 +111,7 @@ class DictionaryComparison(SavableResult):
         "absorption_letters": (int, None),
     }
     COLUMNS = tuple(COLUMN_TYPES)
-    FAITHFULNESS_COLUMNS = (
-        "label",
-        "layer",
+    FAITHFULNESS_METRICS = (
         "share_matched",
         "null_share_matched",
         "share_matched_enc",
@@ -124,6 +122,7 @@ class DictionaryComparison(SavableResult):
         "mean_max_cos_dec",
         "null_mean_max_cos_dec",
     )
+    FAITHFULNESS_COLUMNS = ("label", "layer", *FAITHFULNESS_METRICS)
 
     def table(self) -> list[list]:
         """The rows as lists in :attr:`COLUMNS` order."""
@@ -135,7 +134,7 @@ class DictionaryComparison(SavableResult):
     FAITHFULNESS_TYPES: ClassVar[dict[str, type | tuple[type, None]]] = {
         "label": str,
         "layer": (int, None),
-        **dict.fromkeys(FAITHFULNESS_COLUMNS[2:], float),
+        **dict.fromkeys(FAITHFULNESS_METRICS, float),
     }
     title: ClassVar[str] = "Dictionaries compared (FF-KV paper)"
 

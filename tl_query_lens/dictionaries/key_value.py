@@ -154,8 +154,15 @@ def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> Key
     Every tensor of the view is checked to be finite (the error names the dictionary and the tensor). With
     ``model``, the hooks are checked to exist and the widths to match (clear errors otherwise; SAELens' ``add_sae``
     silently skips an unknown hook).
+
+    Build the view once per dictionary and pass it down: a view this function returned comes back as it is (no
+    second finite check, no second one-token probe of the model it was checked for), as TransformerLens passes
+    hook points rather than looking them up again. A view holds the dictionary's weights (shared storage), so build
+    a new one after changing them out of place.
     """
     if isinstance(dictionary, KeyValueView):
+        if _checked(dictionary, model):  # built (and checked) once, passed down: no second probe
+            return dictionary
         view = dictionary
     elif isinstance(dictionary, SAE):
         view = _view_of_sae(dictionary)
@@ -175,7 +182,21 @@ def as_key_value(dictionary: Any, model: HookedTransformer | None = None) -> Key
         if view.parallel_blocks != parallel:
             view = dataclasses.replace(view, parallel_blocks=parallel)
         validate_view(view, model)
+    view.__dict__[_CHECKED] = (*_checked_models(view), model)
     return view
+
+
+_CHECKED = "_checked_for"  # set by as_key_value on the view it returns; dataclasses.replace makes a view without it
+
+
+def _checked_models(view: KeyValueView) -> tuple[Any, ...]:
+    return view.__dict__.get(_CHECKED, ())
+
+
+def _checked(view: KeyValueView, model: HookedTransformer | None) -> bool:
+    """Whether ``as_key_value`` already checked this very view (finite; with ``model``: for that model)."""
+    seen = _checked_models(view)
+    return bool(seen) and (model is None or any(m is model for m in seen))
 
 
 def _view_of_sae(sae: SAE) -> KeyValueView:

@@ -65,7 +65,7 @@ class SpliceStats:
         self.l0 = self.sse = self.y_sq = self.kl = 0.0
         self.y_sum: torch.Tensor | float = 0.0
         self.ce_clean = self.ce_spliced = self.ce_zero = 0.0
-        self.n_tokens = self.n_predictions = 0
+        self.n_tokens = self.n_reconstructed = self.n_predictions = 0
         self.has_zero = False
 
     def update(
@@ -89,14 +89,36 @@ class SpliceStats:
             clean_logits / spliced_logits / zero_logits: ``[batch, pos, d_vocab]`` of the clean run, the spliced run
                 and the run with the write hook zeroed (CE recovered; None: not measured).
         """
-        y, y_hat = y.flatten(2), y_hat.flatten(2)  # hook_z: [batch, kept, n_heads·d_head]
+        self.update_codes(acts)
+        self.update_reconstruction(y, y_hat)
+        self.update_logits(tokens, keep, clean_logits, spliced_logits, zero_logits)
+
+    def update_codes(self, acts: torch.Tensor) -> None:
+        """Add the codes ``[batch, kept, d_sae]`` of the scored positions: L0 and alive, the one definition of both
+        (a feature is alive when its code is nonzero at some position: a signed FF-KV neuron that only fires
+        negatively is alive)."""
         nonzero = acts != 0
         self.fired |= nonzero.reshape(-1, self.fired.numel()).any(0).cpu()
         self.l0 += nonzero.sum().item()
+        self.n_tokens += acts.shape[0] * acts.shape[1]
+
+    def update_reconstruction(self, y: torch.Tensor, y_hat: torch.Tensor) -> None:
+        """Add the write-hook activation and its reconstruction ``[batch, kept, ...]`` of the scored positions (EV)."""
+        y, y_hat = y.flatten(2), y_hat.flatten(2)  # hook_z: [batch, kept, n_heads·d_head]
         self.sse += (y - y_hat).pow(2).sum().item()
         self.y_sum = self.y_sum + y.reshape(-1, y.shape[-1]).double().sum(0)
         self.y_sq += y.double().pow(2).sum().item()
-        self.n_tokens += y.shape[0] * y.shape[1]
+        self.n_reconstructed += y.shape[0] * y.shape[1]
+
+    def update_logits(
+        self,
+        tokens: Int[torch.Tensor, "batch pos"],
+        keep: torch.Tensor,
+        clean_logits: torch.Tensor,
+        spliced_logits: torch.Tensor,
+        zero_logits: torch.Tensor | None = None,
+    ) -> None:
+        """Add the clean, spliced (and optionally zero-ablated) logits of the whole windows (CE, KL)."""
         self.n_predictions += tokens.shape[0] * (tokens.shape[1] - 1)
         self.ce_clean += _ce_sum(clean_logits, tokens)
         self.ce_spliced += _ce_sum(spliced_logits, tokens)
@@ -107,21 +129,27 @@ class SpliceStats:
             self.ce_zero += _ce_sum(zero_logits, tokens)
 
     def metrics(self) -> dict[str, Any]:
-        """alive_rate, mean_l0, explained_variance, ce_clean, ce_spliced, ce_delta, kl, n_tokens (and ce_zero,
-        ce_recovered = (CE_zero − CE_spliced) / (CE_zero − CE_clean) when zero-ablated logits were given)."""
+        """alive_rate, mean_l0, n_tokens; explained_variance when reconstructions were added; ce_clean, ce_spliced,
+        ce_delta, kl when logits were added (and ce_zero, ce_recovered = (CE_zero − CE_spliced) / (CE_zero − CE_clean)
+        when zero-ablated logits were given)."""
         n_tok, n_pred = self.n_tokens, self.n_predictions
-        y_sum = torch.as_tensor(self.y_sum, dtype=torch.float64)
-        sst = self.y_sq - (y_sum.pow(2).sum() / n_tok).item()
-        clean, spliced = self.ce_clean / n_pred, self.ce_spliced / n_pred
         out: dict[str, Any] = {
             "alive_rate": self.fired.float().mean().item(),
-            "mean_l0": self.l0 / n_tok,
-            "explained_variance": 1.0 - self.sse / max(sst, 1e-30),
+            "mean_l0": self.l0 / max(n_tok, 1),
+            "n_tokens": n_tok,
+        }
+        if self.n_reconstructed:
+            y_sum = torch.as_tensor(self.y_sum, dtype=torch.float64)
+            sst = self.y_sq - (y_sum.pow(2).sum() / self.n_reconstructed).item()
+            out["explained_variance"] = 1.0 - self.sse / max(sst, 1e-30)
+        if not n_pred:
+            return out
+        clean, spliced = self.ce_clean / n_pred, self.ce_spliced / n_pred
+        out |= {
             "ce_clean": clean,
             "ce_spliced": spliced,
             "ce_delta": (self.ce_spliced - self.ce_clean) / n_pred,
             "kl": self.kl / n_tok,
-            "n_tokens": n_tok,
         }
         if self.has_zero:
             zero = self.ce_zero / n_pred

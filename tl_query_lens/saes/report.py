@@ -31,11 +31,10 @@ from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = [
-    "sae_id",
-    "kind",
-    "layer",
-    "d_sae",
+#: The columns that name a dictionary, then its metrics (keys of ``SpliceStats.metrics()``, plus ``dead_rate``), then
+#: the tokens scored. A new metric is one more name in :data:`METRICS`; nothing slices these lists by position.
+ID_COLUMNS = ["sae_id", "kind", "layer", "d_sae"]
+METRICS = [
     "mean_l0",
     "alive_rate",
     "dead_rate",
@@ -45,8 +44,8 @@ COLUMNS = [
     "ce_zero",
     "ce_recovered",
     "kl",
-    "n_tokens",
 ]
+COLUMNS = [*ID_COLUMNS, *METRICS, "n_tokens"]
 
 
 @dataclass
@@ -145,7 +144,7 @@ class SuiteQuality(SavableResult):
         "kind": str,
         "layer": int,
         "d_sae": int,
-        **dict.fromkeys(COLUMNS[4:-1], float),
+        **dict.fromkeys(METRICS, float),
         "n_tokens": int,
     }
     title: ClassVar[str] = "SAE / transcoder suite quality"
@@ -240,17 +239,11 @@ def suite_quality(
     rows = []
     for sid, sae in saes.items():
         values = stats[sid].metrics()
-        rows.append(
-            {
-                "sae_id": sid,
-                "kind": "transcoder" if sae.cfg.metadata.hook_name_out else "sae",
-                "layer": _layer(sae),
-                "d_sae": sae.cfg.d_sae,
-                **{column: values[column] for column in COLUMNS[4:] if column != "dead_rate"},
-                "dead_rate": 1.0 - values["alive_rate"],
-            }
-        )
-        rows[-1] = {column: rows[-1][column] for column in COLUMNS}  # the columns' order
+        values["dead_rate"] = 1.0 - values["alive_rate"]
+        names: dict[str, Any] = {"sae_id": sid, "kind": "transcoder" if sae.cfg.metadata.hook_name_out else "sae"}
+        names |= {"layer": _layer(sae), "d_sae": sae.cfg.d_sae}
+        columns = [c for c in SuiteQuality.COLUMN_TYPES if c not in names]  # the metrics and n_tokens, by name
+        rows.append(names | {column: values[column] for column in columns})
     n_tok = tokens.shape[0] * int(keep.sum())
     return SuiteQuality(rows=rows, n_tokens=n_tok, seconds=time.perf_counter() - start)
 
