@@ -41,7 +41,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("dictionaries", ("dictionaries",)),
     ("methods", ("query_lens", "readout", "certify", "saes")),
     # "": the package's own __init__
-    ("surfaces", ("sources", "tracking", "report", "atlas", "demo", "demo_progress", "reproduce", "cli", "__main__", "")),
+    (
+        "surfaces",
+        ("sources", "tracking", "report", "atlas", "demo", "demo_progress", "reproduce", "cli", "__main__", ""),
+    ),
 ]
 # Imported where they are used (inside a function): slow to import and not needed by most calls.
 HEAVY_OPTIONAL = {"wandb", "plotly", "selenium", "scipy", "sae_bench", "transformers", "datasets", "huggingface_hub"}
