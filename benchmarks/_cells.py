@@ -52,6 +52,24 @@ def _launcher(nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+
+
+def shown_command(launcher: list[str], argv: Sequence[str]) -> str:
+    """The command as a record shows it: ``python`` for this interpreter and paths inside the repository relative to
+    it (the records are read on other machines, from the repository root)."""
+
+    def shown(arg: str) -> str:
+        if arg == sys.executable:
+            return "python"
+        path = Path(arg)
+        if path.is_absolute() and path.resolve().is_relative_to(ROOT):
+            return str(path.resolve().relative_to(ROOT))
+        return arg
+
+    return shlex.join([shown(a) for a in [*launcher, *argv]])
+
+
 def record_cell(
     out: str | Path, name: str, settings: dict[str, Any], compute: Callable[[Path], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -75,7 +93,7 @@ def record_cell(
         "name": name,
         "settings": settings,
         "result": result,
-        "command": shlex.join([*_launcher(len(ranks)), *sys.argv]),
+        "command": shown_command(_launcher(len(ranks)), sys.argv),
         "started_utc": started,
         "finished_utc": _now(),
         "wall_s": time.perf_counter() - start,

@@ -42,9 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _cells
 
 from tl_query_lens.reproduce.experiments import BROAD_FAMILIES as FAMILIES
+from tl_query_lens.reproduce.experiments import SUITE
 from tl_query_lens.reproduce.experiments import SUITE_LAYERS as LAYERS
 
 PREFIXES = (1000, 2500, 5000)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
+CURVE = (512, 4096, 32768)  # calibration sizes of the pool-size curve below "every calibration window"
 
 
 @dataclass
@@ -54,7 +56,9 @@ class CertifySettings:
     Attributes:
         dictionary / layers: a ``--dictionary`` spec and the layers of its FF-KV items.
         corpus: calibration and evaluation source (the evaluation windows: one per document).
-        n_eval: N (None: every eligible evaluation document). n_cal: calibration windows of the pool.
+        n_eval: N (None: every eligible evaluation document). n_cal: calibration windows of the pool (None: every
+            window of the calibration split). pool_sizes: smaller calibration sizes certified from the same passes
+            (the pool-size curve). autocast: bf16 autocast for the model passes.
         seq_len / k / delta / exclude_first_positions / shuffle / seed: as ``tlql certify --protocol paper``.
         model / device: the model.
     """
@@ -63,7 +67,9 @@ class CertifySettings:
     layers: tuple[int, ...] = LAYERS
     corpus: str = "broad"
     n_eval: int | None = 5000
-    n_cal: int = 512
+    n_cal: int | None = 512
+    pool_sizes: tuple[int, ...] = ()
+    autocast: bool = False
     seq_len: int = 32
     k: int = 64
     delta: float = 0.05
@@ -85,12 +91,33 @@ def _cells_table() -> dict[str, dict[str, Any]]:
     # N* (5,662 there) predicts it does by N = 10k; a check of that extrapolation at ~1/3 of saes-Nall's cost.
     deepest = FAMILIES["saes"].split(",")[-1]
     cells[f"saes-L{LAYERS[-1]}-Nall-cal512"] = {"dictionary": deepest, "n_eval": None, "n_cal": 512}
+    # bf16 autocast check: the same small cell in fp32 and under autocast; the bound must move < 0.05 bits.
+    for suffix, autocast in (("", False), ("-bf16", True)):
+        cells[f"saes-L{LAYERS[-1]}-N1000-cal512{suffix}"] = {
+            "dictionary": deepest,
+            "n_eval": 1000,
+            "n_cal": 512,
+            "autocast": autocast,
+        }
+    # The authors' pool size: G* from every calibration window (47,859 windows, 1.53M tokens; the authors use 70,000
+    # windows, 2.24M tokens), with the pool-size curve 512 -> 4,096 -> 32,768 -> all read from the same two passes, for
+    # the deepest suite SAE (80 % depth) and the layer-28 SAE (93 % depth, the depth of the authors' Llama L30 of 32).
+    curve = {
+        "n_eval": None,
+        "n_cal": None,
+        "pool_sizes": CURVE,
+        "dictionary": f"{deepest},{SUITE}:blocks.28.hook_resid_post",
+    }
+    cells["saes-L24-L28-Nall-calall"] = curve
+    cells["saes-L24-L28-Nall-calall-bf16"] = curve | {"autocast": True}
     return cells
 
 
 CELLS = _cells_table()
 ROW_KEYS = (
     "N",
+    "n_cal",
+    "cal_tokens",
     "P",
     "m",
     "eta_hat",
@@ -140,6 +167,8 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
         exclude_first_positions=s.exclude_first_positions,
         shuffle=s.shuffle,
         seed=s.seed,
+        pool_sizes=tuple(s.pool_sizes),
+        autocast=s.autocast,
         checkpoint_dir=str(folder / "partial"),  # a stopped cell resumes after its last saved window
         **s.extra,
     )
@@ -156,14 +185,19 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
 
 def report_table(cells: dict[str, dict[str, Any]]) -> str:
     """Markdown: one row per cell and dictionary."""
-    head = "| cell | dictionary | N | n_cal | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | log₂\\|V\\| | certifies | N* (Occam) | wall |"
+    head = (
+        "| cell | dictionary | N | n_cal (pool tokens) | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | log₂\\|V\\| | certifies "
+        "| N* (Occam) | wall |"
+    )
     lines = [head, "|" + "---|" * 14]
     for name, cell in cells.items():
         res = cell["result"]
         wall = "prefix" if cell["wall_s"] is None else f"{cell['wall_s'] / 60:.0f} min"
         for label, r in zip(res["labels"], res["rows"]):
+            n_cal = r.get("n_cal", res["n_cal"])  # records before the pool-size curve: one n_cal per cell
+            tokens = r.get("cal_tokens", n_cal * cell["settings"]["seq_len"])
             lines.append(
-                f"| {name} | {label} | {r['N']} | {res['n_cal']} | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
+                f"| {name} | {label} | {r['N']} | {n_cal:,} ({tokens:,}) | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
                 f"{r['R_hat']:.2f} | {r['eps_hat']:.3f} | {r['bound']:.2f} | {r['bound_occam']:.2f} | "
                 f"{r['baseline_bits']:.2f} | {'yes' if r['nontrivial_occam'] else 'no'} | "
                 f"{r['N_star_closed_form_occam']:.4g} | {wall} |"
