@@ -85,10 +85,19 @@ def test_protocol_rows_name_the_pool_size_and_sizes_must_be_below_n_cal():
 
 @torch.no_grad()
 def test_calibration_pass_resumes_where_it_stopped(tmp_path, monkeypatch):
-    """A calibration pass stopped after two saved batches resumes from its file and ends with the same pools."""
+    """A calibration pass stopped after two saved batches resumes from its file and ends with the same indices; a
+    pass over fewer windows of the same order reads them from the file, one over more resumes after them, one over
+    other windows starts again."""
     model, sae, cal, _ = _setup()
     splices = {"sae": losses.Splice(sae, k=2)}
-    reference = losses.first_firing(model, splices, cal, batch_size=4)
+    longer, other = torch.cat([cal, tiny_tokens(model, 5, 10, seed=7)]), tiny_tokens(model, 26, 10, seed=9)
+    want = {n: losses.first_firing(model, splices, t, batch_size=4)["sae"] for n, t in (("cal", cal), ("7", cal[:7]))}
+    want |= {
+        n: losses.first_firing(model, splices, t, batch_size=4)["sae"]
+        for n, t in (("longer", longer), ("other", other))
+    }
+    assert (want["cal"] < 26).sum() < 256 and (want["cal"] == 26).any()  # some features never fire
+    assert not torch.equal(want["7"], want["cal"])
     monkeypatch.setattr(losses, "CHECKPOINT_SECONDS", 0.0)
     real, calls = model.run_with_cache, []
 
@@ -99,12 +108,15 @@ def test_calibration_pass_resumes_where_it_stopped(tmp_path, monkeypatch):
         return real(*args, **kw)
 
     path = tmp_path / "pool.safetensors"
-    monkeypatch.setattr(model, "run_with_cache", lambda *a, **kw: stopping(*a, stop_at=3, **kw))
+
+    def run(tokens, stop_at=None):
+        calls.clear()
+        monkeypatch.setattr(model, "run_with_cache", lambda *a, **kw: stopping(*a, stop_at=stop_at, **kw))
+        return losses.first_firing(model, splices, tokens, batch_size=4, checkpoint=path)["sae"]
+
     with pytest.raises(KeyboardInterrupt):
-        losses.first_firing(model, splices, cal, batch_size=4, checkpoint=path)
-    calls.clear()
-    monkeypatch.setattr(model, "run_with_cache", lambda *a, **kw: stopping(*a, **kw))
-    resumed = losses.first_firing(model, splices, cal, batch_size=4, checkpoint=path)
-    assert len(calls) == 5  # batches 3..7 of 7 (26 windows in batches of 4)
-    assert torch.equal(resumed["sae"], reference["sae"])
-    assert (reference["sae"] < 26).sum() < 256 and (reference["sae"] == 26).any()  # some features never fire
+        run(cal, stop_at=3)
+    assert torch.equal(run(cal), want["cal"]) and len(calls) == 5  # batches 3..7 of 7 (26 windows in 4s)
+    assert torch.equal(run(cal[:7]), want["7"]) and len(calls) == 0  # read from the file
+    assert torch.equal(run(longer), want["longer"]) and len(calls) == 2  # windows 26..30 only
+    assert torch.equal(run(other), want["other"]) and len(calls) == 7  # other windows: from the start

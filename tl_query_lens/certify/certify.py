@@ -466,7 +466,8 @@ def certify_many(
 def _pool_key(
     model: HookedTransformer, splices: dict[Hashable, Splice], tokens: torch.Tensor, cfg: CertifyConfig
 ) -> str:
-    """Hash of everything the calibration pass's first-firing indices depend on (names its checkpoint file)."""
+    """Hash of what the calibration pass's first-firing indices depend on but the number of windows (names its
+    checkpoint file, which serves every calibration size of one seeded order: :func:`first_firing`)."""
     proxies = [
         [
             str(name),
@@ -479,7 +480,7 @@ def _pool_key(
     ]
     record = {
         "model": [str(model.cfg.model_name), weights_fingerprint(model)],
-        "tokens": corpus_fingerprint(tokens),
+        "tokens": [corpus_fingerprint(tokens[:1]), int(tokens.shape[1])],  # the first window: the file serves any n
         "options": [cfg.exclude_first_positions] + (["bf16-autocast"] if cfg.autocast else []),
         "proxies": proxies,
     }

@@ -188,14 +188,18 @@ def first_firing(
     The pool G* of the first n windows is ``first < n`` (:func:`feature_pool`), so one pass gives the pool at every
     calibration size n ≤ ``tokens.shape[0]`` (the calibration windows of n are the first n of a seeded order,
     :func:`~tl_query_lens.corpus.load_corpus`). ``checkpoint``: a file where the pass saves its progress (at most
-    every :data:`CHECKPOINT_SECONDS`) and resumes from, keyed by the caller as for :func:`proxy_pass`.
+    every :data:`CHECKPOINT_SECONDS`) with the windows it has read; a pass over windows that begin with those resumes
+    after them, and a pass over fewer windows that a saved pass has read takes its indices from the file
+    (``min(first, n)``) without running the model. The caller keys the file name by the model and the dictionaries.
     """
     first = exclude_first_positions
     read_hooks = sorted({s.read_hook for s in splices.values()})
     stop = stop_layer(read_hooks)
     n = int(tokens.shape[0])
     firsts = {name: torch.full((s.d_sae,), n, dtype=torch.long) for name, s in splices.items()}
-    done = _resume_firsts(checkpoint, firsts)
+    done = _resume_firsts(checkpoint, firsts, tokens)
+    if done >= n:
+        return firsts
     saved_at = time.monotonic()
     for start in tqdm(range(done, n, batch_size), desc="calibration pool", leave=False):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
@@ -206,10 +210,10 @@ def first_firing(
             at = start + fired.int().argmax(0)  # the first window of this batch where each feature fires
             firsts[name] = torch.where(seen & (firsts[name] == n), at, firsts[name])
         if checkpoint is not None and time.monotonic() - saved_at >= CHECKPOINT_SECONDS:
-            _save_firsts(checkpoint, firsts, start + batch.shape[0])
+            _save_firsts(checkpoint, firsts, tokens[: start + batch.shape[0]])
             saved_at = time.monotonic()
     if checkpoint is not None:
-        _save_firsts(checkpoint, firsts, n)
+        _save_firsts(checkpoint, firsts, tokens)
     return firsts
 
 
@@ -335,30 +339,37 @@ def _save_progress(path: Path, clean: list[torch.Tensor], parts: dict[Hashable, 
         logger.warning("could not save the proxy pass's progress to %s (%s); it goes on without", path, err)
 
 
-def _save_firsts(path: Path, firsts: dict[Hashable, torch.Tensor], windows: int) -> None:
-    """First-firing indices after ``windows`` calibration windows, the splices in order (atomic; a failed write
-    only warns)."""
+def _save_firsts(path: Path, firsts: dict[Hashable, torch.Tensor], read: torch.Tensor) -> None:
+    """First-firing indices after the calibration windows ``read``, the splices in order, with those windows
+    (atomic; a failed write only warns)."""
+    tensors = {str(i): f for i, f in enumerate(firsts.values())} | {"windows": read.to(torch.int32)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_tensors(path, {str(i): f for i, f in enumerate(firsts.values())}, {"windows": windows})
+        write_tensors(path, tensors, {"windows": int(read.shape[0])})
     except OSError as err:
         logger.warning("could not save the calibration pass's progress to %s (%s); it goes on without", path, err)
 
 
-def _resume_firsts(path: Path | None, firsts: dict[Hashable, torch.Tensor]) -> int:
-    """Fill ``firsts`` from a saved calibration pass; returns its window count (0: none, or unreadable)."""
+def _resume_firsts(path: Path | None, firsts: dict[Hashable, torch.Tensor], tokens: torch.Tensor) -> int:
+    """Fill ``firsts`` from a saved calibration pass whose windows agree with ``tokens`` as far as both go; returns
+    the windows of ``tokens`` it covers (0: none, unreadable, or other windows)."""
     if path is None or not path.is_file():
         return 0
     try:
-        tensors, meta = read_tensors(path)
+        tensors, _ = read_tensors(path)
     except CorruptFileError as err:
         logger.warning("%s; the calibration pass starts again", err)
         return 0
+    read, n = tensors["windows"].long(), int(tokens.shape[0])
+    done = min(int(read.shape[0]), n)
+    if read.shape[1:] != tokens.shape[1:] or not torch.equal(read[:done], tokens[:done].cpu()):
+        logger.warning("%s holds a pass over other calibration windows; the calibration pass starts again", path)
+        return 0
     for i, name in enumerate(firsts):
-        firsts[name] = tensors[str(i)].long()
-    windows = int(meta.get("windows", 0))
-    logger.info("calibration pass resumed after %d windows (%s)", windows, path)
-    return windows
+        saved = tensors[str(i)].long()  # read.shape[0] where not seen in the windows read
+        firsts[name] = torch.where(saved >= min(int(read.shape[0]), n), n, saved)  # not seen in this pass's windows
+    logger.info("calibration pass: %d of %d windows read from %s", done, n, path)
+    return done
 
 
 def _resume(path: Path | None, clean: list[torch.Tensor], parts: dict[Hashable, dict[str, list[torch.Tensor]]]) -> int:
