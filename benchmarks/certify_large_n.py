@@ -46,7 +46,7 @@ from tl_query_lens.reproduce.experiments import SUITE
 from tl_query_lens.reproduce.experiments import SUITE_LAYERS as LAYERS
 
 PREFIXES = (1000, 2500, 5000)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
-CURVE = (512, 4096, 32768)  # calibration sizes of the pool-size curve below "every calibration window"
+CURVE = (512, 4096, 16384, 32768)  # calibration sizes of the pool-size curve below "every calibration window"
 
 
 @dataclass
@@ -100,16 +100,22 @@ def _cells_table() -> dict[str, dict[str, Any]]:
             "autocast": autocast,
         }
     # The authors' pool size: G* from every calibration window (47,859 windows, 1.53M tokens; the authors use 70,000
-    # windows, 2.24M tokens), with the pool-size curve 512 -> 4,096 -> 32,768 -> all read from the same two passes, for
-    # the deepest suite SAE (80 % depth) and the layer-28 SAE (93 % depth, the depth of the authors' Llama L30 of 32).
-    curve = {
-        "n_eval": None,
-        "n_cal": None,
-        "pool_sizes": CURVE,
-        "dictionary": f"{deepest},{SUITE}:blocks.28.hook_resid_post",
-    }
-    cells["saes-L24-L28-Nall-calall"] = curve
-    cells["saes-L24-L28-Nall-calall-bf16"] = curve | {"autocast": True}
+    # windows, 2.24M tokens) for the deepest suite SAE (80 % depth) and the layer-28 SAE (93 % depth, that of the
+    # authors' Llama L30 of 32), with the pool-size curve (CURVE) read from the same passes. N = 1,000 (the paper's
+    # Fig. 2 caption); each cell's calibration pass resumes after the windows the previous cell read (shared
+    # checkpoint), so running them in order costs one pass over the calibration split.
+    pair = f"{deepest},{SUITE}:blocks.28.hook_resid_post"
+    for n_cal in (*CURVE[1:], None):
+        below = tuple(c for c in CURVE if n_cal is None or c < n_cal)
+        for suffix, autocast in (("", False), ("-bf16", True)):
+            cells[f"saes-L24-L28-N1000-cal{n_cal or 'all'}{suffix}"] = {
+                "dictionary": pair,
+                "n_eval": 1000,
+                "n_cal": n_cal,
+                "pool_sizes": below,
+                "autocast": autocast,
+            }
+    cells["saes-L24-L28-Nall-calall"] = {"dictionary": pair, "n_eval": None, "n_cal": None, "pool_sizes": CURVE}
     return cells
 
 
@@ -153,6 +159,7 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
     """One paper-protocol certification with ``settings``; the full result goes to ``folder/certification``."""
     from tl_query_lens import load_model
     from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+    from tl_query_lens.releases import shipped_only
     from tl_query_lens.reproduce.experiments import certify_sources
 
     s = settings
@@ -169,10 +176,12 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
         seed=s.seed,
         pool_sizes=tuple(s.pool_sizes),
         autocast=s.autocast,
-        checkpoint_dir=str(folder / "partial"),  # a stopped cell resumes after its last saved window
+        # a stopped cell resumes after its last saved window; the calibration pass is shared by the cells
+        checkpoint_dir=str(folder.parent.parent / "partial"),
         **s.extra,
     )
-    result = certify_sources(model, s.dictionary, s.corpus, cfg, tuple(s.layers))
+    with shipped_only():  # the dictionaries as they ship (int8), not a float32 copy left in the user cache
+        result = certify_sources(model, s.dictionary, s.corpus, cfg, tuple(s.layers))
     result.save(folder / "certification")
     return {
         "labels": list(result.labels),
@@ -195,7 +204,7 @@ def report_table(cells: dict[str, dict[str, Any]]) -> str:
         wall = "prefix" if cell["wall_s"] is None else f"{cell['wall_s'] / 60:.0f} min"
         for label, r in zip(res["labels"], res["rows"]):
             n_cal = r.get("n_cal", res["n_cal"])  # records before the pool-size curve: one n_cal per cell
-            tokens = r.get("cal_tokens", n_cal * cell["settings"]["seq_len"])
+            tokens = r["cal_tokens"] if "cal_tokens" in r else n_cal * cell["settings"]["seq_len"]
             lines.append(
                 f"| {name} | {label} | {r['N']} | {n_cal:,} ({tokens:,}) | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
                 f"{r['R_hat']:.2f} | {r['eps_hat']:.3f} | {r['bound']:.2f} | {r['bound_occam']:.2f} | "
