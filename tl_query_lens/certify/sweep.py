@@ -173,7 +173,7 @@ def certify_layers(
             splices[(label, True)] = Splice(sae, rule=cfg.rule, k=cfg.k, permutation=perm)
     times = PassTimes()
     certs = certify_many(model, splices, calibration_tokens, evaluation_tokens, cfg, times=times)
-    curve = {  # the pool-size curve (cfg.pool_sizes): label "<label> n_cal=<n>"
+    curve: dict[int | str, Certificate] = {  # the pool-size curve (cfg.pool_sizes): label "<label> n_cal=<n>"
         f"{label} n_cal={n}": certs[((label, False), n)] for label in saes_by_layer for n in cfg.pool_sizes
     }
     return LayerSweep(
