@@ -46,7 +46,7 @@ from tl_query_lens.reproduce.experiments import SUITE
 from tl_query_lens.reproduce.experiments import SUITE_LAYERS as LAYERS
 
 PREFIXES = (1000, 2500, 5000)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
-CURVE = (512, 4096, 16384, 32768)  # calibration sizes of the pool-size curve below "every calibration window"
+CURVE = (512, 4096, 8192, 16384, 32768)  # calibration sizes of the pool-size curve below "every calibration window"
 
 
 @dataclass
