@@ -14,6 +14,18 @@ of n distinct documents, so the report adds rows at n = 1,000 / 2,500 / 5,000 be
 The N = 5,000 cells are the ``full`` size of ``tlql reproduce``'s ``certify_broad_*`` experiments (the same call,
 ``certify_sources``).
 
+Every row names its pool: ``n_cal`` calibration windows of 32 tokens and ``cal_tokens``. The authors build G* from
+70,000 windows (2,240,000 tokens, ``CALIBRATION_TOKENS`` in both released scripts); the broad calibration split holds
+47,859 windows (1,531,488 tokens). The ``saes-L24-L28-N1000-cal<n>`` cells certify the deepest suite SAE (80 % of
+the depth) and the layer-28 SAE (93 %, the depth of the authors' Llama layer 30 of 32) at N = 1,000 (the paper's
+Fig. 2 caption) with the pool of the first n windows and, from the same two passes, the pools of the smaller
+``CURVE`` sizes (rows ``<label> n_cal=<m>``; ``certify_many``'s ``pool_sizes``). Their calibration pass is shared:
+each cell resumes after the windows an earlier cell read (``first_firing``'s checkpoint in ``<out>/partial``), so
+running them in order costs one pass over the split. ``saes-L24-L28-Nall-calall`` is the authors' scale (every
+window, every document); ``*-bf16`` cells run the passes under bf16 autocast (``saes-L24-N1000-cal512[-bf16]`` is
+the check: bf16 moved the fixed-pool bound by 0.10 bits, so the curve runs in fp32). Which cells were measured, and
+why the others were not: docs/certification.md, "At the authors' pool size".
+
 Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell);
 inside a cell the evaluation pass saves its per-window losses about once a minute (``checkpoint_dir``), so a stopped
 cell resumes after its last saved window. The
