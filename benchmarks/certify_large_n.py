@@ -14,6 +14,18 @@ of n distinct documents, so the report adds rows at n = 1,000 / 2,500 / 5,000 be
 The N = 5,000 cells are the ``full`` size of ``tlql reproduce``'s ``certify_broad_*`` experiments (the same call,
 ``certify_sources``).
 
+Every row names its pool: ``n_cal`` calibration windows of 32 tokens and ``cal_tokens``. The authors build G* from
+70,000 windows (2,240,000 tokens, ``CALIBRATION_TOKENS`` in both released scripts); the broad calibration split holds
+47,859 windows (1,531,488 tokens). The ``saes-L24-L28-N1000-cal<n>`` cells certify the deepest suite SAE (80 % of
+the depth) and the layer-28 SAE (93 %, the depth of the authors' Llama layer 30 of 32) at N = 1,000 (the paper's
+Fig. 2 caption) with the pool of the first n windows and, from the same two passes, the pools of the smaller
+``CURVE`` sizes (rows ``<label> n_cal=<m>``; ``certify_many``'s ``pool_sizes``). Their calibration pass is shared:
+each cell resumes after the windows an earlier cell read (``first_firing``'s checkpoint in ``<out>/partial``), so
+running them in order costs one pass over the split. ``saes-L24-L28-Nall-calall`` is the authors' scale (every
+window, every document); ``*-bf16`` cells run the passes under bf16 autocast (``saes-L24-N1000-cal512[-bf16]`` is
+the check: bf16 moved the fixed-pool bound by 0.10 bits, so the curve runs in fp32). Which cells were measured, and
+why the others were not: docs/certification.md, "At the authors' pool size".
+
 Every cell runs in its own process and is resumable (``_cells.py``: command, wall time, peak memory per cell);
 inside a cell the evaluation pass saves its per-window losses about once a minute (``checkpoint_dir``), so a stopped
 cell resumes after its last saved window. The
@@ -42,9 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _cells
 
 from tl_query_lens.reproduce.experiments import BROAD_FAMILIES as FAMILIES
+from tl_query_lens.reproduce.experiments import SUITE
 from tl_query_lens.reproduce.experiments import SUITE_LAYERS as LAYERS
 
 PREFIXES = (1000, 2500, 5000)  # N read from the first windows of a larger cell (ProtocolCertification.at_n)
+CURVE = (512, 4096, 8192, 16384, 32768)  # calibration sizes of the pool-size curve below "every calibration window"
 
 
 @dataclass
@@ -54,7 +68,9 @@ class CertifySettings:
     Attributes:
         dictionary / layers: a ``--dictionary`` spec and the layers of its FF-KV items.
         corpus: calibration and evaluation source (the evaluation windows: one per document).
-        n_eval: N (None: every eligible evaluation document). n_cal: calibration windows of the pool.
+        n_eval: N (None: every eligible evaluation document). n_cal: calibration windows of the pool (None: every
+            window of the calibration split). pool_sizes: smaller calibration sizes certified from the same passes
+            (the pool-size curve). autocast: bf16 autocast for the model passes.
         seq_len / k / delta / exclude_first_positions / shuffle / seed: as ``tlql certify --protocol paper``.
         model / device: the model.
     """
@@ -63,7 +79,9 @@ class CertifySettings:
     layers: tuple[int, ...] = LAYERS
     corpus: str = "broad"
     n_eval: int | None = 5000
-    n_cal: int = 512
+    n_cal: int | None = 512
+    pool_sizes: tuple[int, ...] = ()
+    autocast: bool = False
     seq_len: int = 32
     k: int = 64
     delta: float = 0.05
@@ -85,12 +103,39 @@ def _cells_table() -> dict[str, dict[str, Any]]:
     # N* (5,662 there) predicts it does by N = 10k; a check of that extrapolation at ~1/3 of saes-Nall's cost.
     deepest = FAMILIES["saes"].split(",")[-1]
     cells[f"saes-L{LAYERS[-1]}-Nall-cal512"] = {"dictionary": deepest, "n_eval": None, "n_cal": 512}
+    # bf16 autocast check: the same small cell in fp32 and under autocast; the bound must move < 0.05 bits.
+    for suffix, autocast in (("", False), ("-bf16", True)):
+        cells[f"saes-L{LAYERS[-1]}-N1000-cal512{suffix}"] = {
+            "dictionary": deepest,
+            "n_eval": 1000,
+            "n_cal": 512,
+            "autocast": autocast,
+        }
+    # The authors' pool size: G* from every calibration window (47,859 windows, 1.53M tokens; the authors use 70,000
+    # windows, 2.24M tokens) for the deepest suite SAE (80 % depth) and the layer-28 SAE (93 % depth, that of the
+    # authors' Llama L30 of 32), with the pool-size curve (CURVE) read from the same passes. N = 1,000 (the paper's
+    # Fig. 2 caption); each cell's calibration pass resumes after the windows the previous cell read (shared
+    # checkpoint), so running them in order costs one pass over the calibration split.
+    pair = f"{deepest},{SUITE}:blocks.28.hook_resid_post"
+    for n_cal in (*CURVE[1:], None):
+        below = tuple(c for c in CURVE if n_cal is None or c < n_cal)
+        for suffix, autocast in (("", False), ("-bf16", True)):
+            cells[f"saes-L24-L28-N1000-cal{n_cal or 'all'}{suffix}"] = {
+                "dictionary": pair,
+                "n_eval": 1000,
+                "n_cal": n_cal,
+                "pool_sizes": below,
+                "autocast": autocast,
+            }
+    cells["saes-L24-L28-Nall-calall"] = {"dictionary": pair, "n_eval": None, "n_cal": None, "pool_sizes": CURVE}
     return cells
 
 
 CELLS = _cells_table()
 ROW_KEYS = (
     "N",
+    "n_cal",
+    "cal_tokens",
     "P",
     "m",
     "eta_hat",
@@ -126,6 +171,7 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
     """One paper-protocol certification with ``settings``; the full result goes to ``folder/certification``."""
     from tl_query_lens import load_model
     from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+    from tl_query_lens.releases import shipped_only
     from tl_query_lens.reproduce.experiments import certify_sources
 
     s = settings
@@ -140,10 +186,14 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
         exclude_first_positions=s.exclude_first_positions,
         shuffle=s.shuffle,
         seed=s.seed,
-        checkpoint_dir=str(folder / "partial"),  # a stopped cell resumes after its last saved window
+        pool_sizes=tuple(s.pool_sizes),
+        autocast=s.autocast,
+        # a stopped cell resumes after its last saved window; the calibration pass is shared by the cells
+        checkpoint_dir=str(folder.parent.parent / "partial"),
         **s.extra,
     )
-    result = certify_sources(model, s.dictionary, s.corpus, cfg, tuple(s.layers))
+    with shipped_only():  # the dictionaries as they ship (int8), not a float32 copy left in the user cache
+        result = certify_sources(model, s.dictionary, s.corpus, cfg, tuple(s.layers))
     result.save(folder / "certification")
     return {
         "labels": list(result.labels),
@@ -156,14 +206,19 @@ def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict
 
 def report_table(cells: dict[str, dict[str, Any]]) -> str:
     """Markdown: one row per cell and dictionary."""
-    head = "| cell | dictionary | N | n_cal | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | log₂\\|V\\| | certifies | N* (Occam) | wall |"
+    head = (
+        "| cell | dictionary | N | n_cal (pool tokens) | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | log₂\\|V\\| | certifies "
+        "| N* (Occam) | wall |"
+    )
     lines = [head, "|" + "---|" * 14]
     for name, cell in cells.items():
         res = cell["result"]
         wall = "prefix" if cell["wall_s"] is None else f"{cell['wall_s'] / 60:.0f} min"
         for label, r in zip(res["labels"], res["rows"]):
+            n_cal = r.get("n_cal", res["n_cal"])  # records before the pool-size curve: one n_cal per cell
+            tokens = r["cal_tokens"] if "cal_tokens" in r else n_cal * cell["settings"]["seq_len"]
             lines.append(
-                f"| {name} | {label} | {r['N']} | {res['n_cal']} | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
+                f"| {name} | {label} | {r['N']} | {n_cal:,} ({tokens:,}) | {r['P']} / {r['m']} | {r['eta_hat']:.3f} | "
                 f"{r['R_hat']:.2f} | {r['eps_hat']:.3f} | {r['bound']:.2f} | {r['bound_occam']:.2f} | "
                 f"{r['baseline_bits']:.2f} | {'yes' if r['nontrivial_occam'] else 'no'} | "
                 f"{r['N_star_closed_form_occam']:.4g} | {wall} |"

@@ -374,7 +374,7 @@ def test_default_lists_the_shipped_suite_under_the_models_own_name(tmp_path, mon
     from tl_query_lens.releases import shipped_root
 
     shipped = sorted(p.parent.name for p in (shipped_root() / "tlql-saes-smollm2-135m").glob("*/cfg.json"))
-    assert len(shipped) == 8
+    assert len(shipped) == 9  # four residual SAEs and four transcoders (layers 6/12/18/24), the layer-28 SAE
     for name in ("SmolLM2-135M-Instruct", "smollm2-135m"):
         sources = expand_specs(("default",), name, [0, 1])
         listed = [(s.location, s.sae_id) for s in sources if s.kind == "pretrained"]

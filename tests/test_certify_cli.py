@@ -133,7 +133,7 @@ def test_cli_unknown_shuffle_label_is_refused_before_any_pass(tiny_env, tmp_path
     def no_pass(*args, **kwargs):
         raise AssertionError("a certification pass ran before the labels were checked")
 
-    monkeypatch.setattr(certify_module, "feature_pool", no_pass)
+    monkeypatch.setattr(certify_module, "first_firing", no_pass)
     assert (
         main(
             [

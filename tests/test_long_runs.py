@@ -278,6 +278,7 @@ def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path, monkeypatch)
         corpus=str(corpus),
         n_eval=20,
         n_cal=6,
+        pool_sizes=(3,),  # the pool-size curve: one more row, the pool of the first 3 calibration windows
         seq_len=8,
         k=4,
         exclude_first_positions=0,
@@ -285,25 +286,27 @@ def test_certify_large_n_cell_on_a_tiny_model(word_model, tmp_path, monkeypatch)
     out = tmp_path / "cert"
     cells.record_cell(out, "ffkv-N5000-cal512", {}, lambda f: certify.compute_cell(tiny, f, model=word_model))
     record = cells.load_cells(out)["ffkv-N5000-cal512"]
-    row = record["result"]["rows"][0]
-    assert row["N"] == 20 and record["result"]["n_cal"] == 6
+    row, curve = record["result"]["rows"]
+    assert row["N"] == 20 and record["result"]["n_cal"] == 6 and (row["n_cal"], row["cal_tokens"]) == (6, 48)
+    assert record["result"]["labels"] == ["ffkv L1", "ffkv L1 n_cal=3"] and curve["n_cal"] == 3 and curve["N"] == 20
     from tl_query_lens.certify.protocol import ProtocolCertification
 
     saved = ProtocolCertification.load(out / "cells" / "ffkv-N5000-cal512" / "certification")
     assert saved.rows[0]["bound_occam"] == pytest.approx(row["bound_occam"])
     text = certify.report(out)
     lines = text.splitlines()
-    assert len(lines) == 4 and lines[2].startswith("| ffkv-N5000-cal512 | ffkv L1 | 20 | 6 |")
+    assert len(lines) == 6 and lines[2].startswith("| ffkv-N5000-cal512 | ffkv L1 | 20 | 6 (48) |")
+    assert lines[3].startswith("| ffkv-N5000-cal512 | ffkv L1 n_cal=3 | 20 | 3 (24) |")
     assert ("| yes |" in lines[2]) == (row["bound_occam"] < row["baseline_bits"])
     # The N = 10 row: the first 10 windows' losses (mean clean loss checked against the saved per-window losses).
-    assert lines[3].startswith("| ffkv-N5000-cal512@N10 | ffkv L1 | 10 | 6 |") and lines[3].endswith("| prefix |")
+    assert lines[4].startswith("| ffkv-N5000-cal512@N10 | ffkv L1 | 10 | 6 (48) |") and lines[4].endswith("| prefix |")
     first = saved.sweep.certificates["ffkv L1"]
     assert saved.at_n(10).rows[0]["R_hat_clean"] == pytest.approx(first.loss_clean[:10].double().mean().item())
     # Rebuilt elsewhere from the records alone (no certification folder there): the same rows, the prefix row too.
     records = tmp_path / "certify_large_n.json"
     shutil.copy(out / "certify_large_n.json", records)
     again = certify.report(tmp_path / "elsewhere", records).splitlines()
-    assert again[:4] == lines and again[-1].endswith(": ffkv-N5000-cal512")
+    assert again[:6] == lines and again[-1].endswith(": ffkv-N5000-cal512")
 
 
 def test_readout_fit_spread_table_is_mean_and_range(tmp_path):

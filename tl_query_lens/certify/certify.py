@@ -31,7 +31,7 @@ from tl_query_lens.certify.bound import (
     loss_range_bits,
     min_sequences,
 )
-from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, feature_pool, proxy_pass
+from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, first_firing, proxy_pass
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import check_disjoint, corpus_fingerprint
@@ -42,6 +42,7 @@ from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.paths import check_folder
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
+from tl_query_lens.query_lens.evaluation import model_passes
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,13 @@ class CertifyConfig:
         checkpoint_dir: folder where the evaluation pass saves its per-window losses as it goes (about once a
             minute), in a file keyed by the model's and dictionaries' weights, the pools, the windows and the loss
             options; a rerun that matches resumes after the last saved window (with any batch_size). None: nothing
-            is saved (``tlql certify``: ``<out>/partial``).
+            is saved (``tlql certify``: ``<out>/partial``). The calibration pass saves its progress there too.
+        pool_sizes: calibration sizes n below the calibration split's own; each (unshuffled) proxy is also certified
+            with the pool G* of the first n calibration windows only, from the same two passes (the pool-size
+            curve: :func:`certify_many`).
+        autocast: run the calibration and evaluation passes under bf16 autocast on the model's device (matrix
+            products in bf16; weights, the residual stream and the losses in fp32). Measure what it moves first:
+            TopK sets can change at the k-th place, so the pool and η̂ can too.
     """
 
     k: int = 64
@@ -186,8 +193,11 @@ class CertifyConfig:
     batch_size: int = 16
     exclude_first_positions: int = 0
     checkpoint_dir: str | None = None
+    pool_sizes: tuple[int, ...] = ()
+    autocast: bool = False
 
     RANGES: ClassVar[dict[str, str]] = {
+        "pool_sizes": "[1, inf)",
         "k": "[1, inf)",
         "delta": "[1e-300, 1)",  # below it ln(6/delta) overflows: no bound is finite
         "alpha": "(0, 1)",
@@ -207,6 +217,7 @@ class CertifyConfig:
             raise InputError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
         if self.k < 1 or self.batch_size < 1:
             raise InputError("k and batch_size must be positive.")
+        self.pool_sizes = tuple(sorted(set(self.pool_sizes)))
         check_ranges(self)
 
 
@@ -239,6 +250,12 @@ def check_inputs(
         )
     if cfg.checkpoint_dir is not None:
         check_folder(cfg.checkpoint_dir, "checkpoint_dir")
+    too_big = [n for n in cfg.pool_sizes if n >= cal.shape[0]]
+    if too_big:
+        raise InputError(
+            f"pool_sizes {too_big} are not below the {cal.shape[0]} calibration windows; give sizes below it (the "
+            "full calibration split's pool is always certified)."
+        )
 
 
 def build_certificate(
@@ -350,28 +367,56 @@ def certify_many(
     *,
     times: PassTimes | None = None,
 ) -> dict[Hashable, Certificate]:
-    """Certificates of several proxies sharing one calibration pass and one clean evaluation pass."""
+    """Certificates of several proxies sharing one calibration pass and one clean evaluation pass.
+
+    With ``cfg.pool_sizes``, each unshuffled proxy ``name`` also gets ``(name, n)``: its certificate with the pool
+    of the first n calibration windows. The calibration pass records where each feature first fires
+    (:func:`~tl_query_lens.certify.losses.first_firing`), so every pool comes from that one pass; the evaluation
+    pass runs each proxy once and only the restricted proxy h_G (on the windows whose support leaves that pool)
+    per pool. Each such certificate equals the one of a separate run on the first n calibration windows.
+    """
     check_inputs(model, [s.sae for s in splices.values()], calibration_tokens, evaluation_tokens, cfg)
     times = times if times is not None else PassTimes()
     t0 = time.perf_counter()
     first = cfg.exclude_first_positions
-    pools = feature_pool(model, splices, calibration_tokens, batch_size=cfg.batch_size, exclude_first_positions=first)
+    n_cal = int(calibration_tokens.shape[0])
+    pool_checkpoint = None
+    if cfg.checkpoint_dir is not None:
+        pool_key = _pool_key(model, splices, calibration_tokens, cfg)
+        pool_checkpoint = Path(cfg.checkpoint_dir) / f"pool-pass-{pool_key}.safetensors"
+    with model_passes(model, cfg.autocast):
+        firsts = first_firing(
+            model,
+            splices,
+            calibration_tokens,
+            batch_size=cfg.batch_size,
+            exclude_first_positions=first,
+            checkpoint=pool_checkpoint,
+        )
     times.pool += time.perf_counter() - t0
+    entries: dict[Hashable, Splice] = dict(splices)
+    pools = {name: firsts[name] < n_cal for name in splices}
+    sizes: dict[Hashable, int] = dict.fromkeys(splices, n_cal)
+    for name, splice in splices.items():
+        if splice.permutation is None:
+            for n in cfg.pool_sizes:
+                entries[(name, n)], pools[(name, n)], sizes[(name, n)] = splice, firsts[name] < n, n
     checkpoint = None
     if cfg.checkpoint_dir is not None:
-        key = _pass_key(model, splices, pools, evaluation_tokens, cfg)  # folder checked in check_inputs
+        key = _pass_key(model, entries, pools, evaluation_tokens, cfg)  # folder checked in check_inputs
         checkpoint = Path(cfg.checkpoint_dir) / f"proxy-pass-{key}.safetensors"
-    loss_clean, losses = proxy_pass(
-        model,
-        splices,
-        pools,
-        evaluation_tokens,
-        alpha=cfg.alpha,
-        batch_size=cfg.batch_size,
-        times=times,
-        exclude_first_positions=first,
-        checkpoint=checkpoint,
-    )
+    with model_passes(model, cfg.autocast):
+        loss_clean, losses = proxy_pass(
+            model,
+            entries,
+            pools,
+            evaluation_tokens,
+            alpha=cfg.alpha,
+            batch_size=cfg.batch_size,
+            times=times,
+            exclude_first_positions=first,
+            checkpoint=checkpoint,
+        )
     scored = int(evaluation_tokens.shape[1]) - 1 - first
     logger.info(
         "N = %d evaluation windows of %d tokens; each scores %d next-token predictions (positions %d..%d)",
@@ -382,7 +427,7 @@ def certify_many(
         evaluation_tokens.shape[1] - 2,
     )
     out = {}
-    for name, splice in splices.items():
+    for name, splice in entries.items():
         config = {
             "k": cfg.k,
             "delta": cfg.delta,
@@ -391,10 +436,11 @@ def certify_many(
             "read_hook": splice.read_hook,
             "write_hook": splice.write_hook,
             "shuffled": splice.permutation is not None,
-            "n_cal": int(calibration_tokens.shape[0]),
+            "n_cal": sizes[name],
             "seq_len": int(evaluation_tokens.shape[1]),
             "exclude_first_positions": first,
             "predictions_per_window": scored,
+            "autocast": cfg.autocast,
             **({"resumed_windows": times.resumed_windows} if checkpoint is not None else {}),
         }
         out[name] = build_certificate(
@@ -415,6 +461,30 @@ def certify_many(
             c.m,
         )
     return out
+
+
+def _pool_key(
+    model: HookedTransformer, splices: dict[Hashable, Splice], tokens: torch.Tensor, cfg: CertifyConfig
+) -> str:
+    """Hash of what the calibration pass's first-firing indices depend on but the number of windows (names its
+    checkpoint file, which serves every calibration size of one seeded order: :func:`first_firing`)."""
+    proxies = [
+        [
+            str(name),
+            dictionary_fingerprint(s.sae),
+            s.rule,
+            s.k,
+            None if s.permutation is None else corpus_fingerprint(s.permutation.reshape(1, -1)),
+        ]
+        for name, s in splices.items()
+    ]
+    record = {
+        "model": [str(model.cfg.model_name), weights_fingerprint(model)],
+        "tokens": [corpus_fingerprint(tokens[:1]), int(tokens.shape[1])],  # the first window: the file serves any n
+        "options": [cfg.exclude_first_positions] + (["bf16-autocast"] if cfg.autocast else []),
+        "proxies": proxies,
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _pass_key(
@@ -441,7 +511,8 @@ def _pass_key(
     record = {
         "model": [str(model.cfg.model_name), weights_fingerprint(model)],
         "tokens": corpus_fingerprint(tokens),
-        "options": [cfg.alpha, cfg.exclude_first_positions],  # not batch_size: a rerun may lower it (memory)
+        # not batch_size: a rerun may lower it (memory)
+        "options": [cfg.alpha, cfg.exclude_first_positions] + (["bf16-autocast"] if cfg.autocast else []),
         "proxies": proxies,
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -173,6 +173,50 @@ class PassTimes:
 
 
 @torch.no_grad()
+def first_firing(
+    model: HookedTransformer,
+    splices: dict[Hashable, Splice],
+    tokens: Int[torch.Tensor, "batch pos"],
+    *,
+    batch_size: int = 16,
+    exclude_first_positions: int = 0,
+    checkpoint: Path | None = None,
+) -> dict[Hashable, Int[torch.Tensor, " d_sae"]]:
+    """Per splice and feature, the index of the first window of ``tokens`` (calibration) where the feature is active
+    at a position ≥ ``exclude_first_positions`` (``tokens.shape[0]`` where it never is), in one truncated pass.
+
+    The pool G* of the first n windows is ``first < n`` (:func:`feature_pool`), so one pass gives the pool at every
+    calibration size n ≤ ``tokens.shape[0]`` (the calibration windows of n are the first n of a seeded order,
+    :func:`~tl_query_lens.corpus.load_corpus`). ``checkpoint``: a file where the pass saves its progress (at most
+    every :data:`CHECKPOINT_SECONDS`) with the windows it has read; a pass over windows that begin with those resumes
+    after them, and a pass over fewer windows that a saved pass has read takes its indices from the file
+    (``min(first, n)``) without running the model. The caller keys the file name by the model and the dictionaries.
+    """
+    first = exclude_first_positions
+    read_hooks = sorted({s.read_hook for s in splices.values()})
+    stop = stop_layer(read_hooks)
+    n = int(tokens.shape[0])
+    firsts = {name: torch.full((s.d_sae,), n, dtype=torch.long) for name, s in splices.items()}
+    done = _resume_firsts(checkpoint, firsts, tokens)
+    if done >= n:
+        return firsts
+    saved_at = time.monotonic()
+    for start in tqdm(range(done, n, batch_size), desc="calibration pool", leave=False):
+        batch = tokens[start : start + batch_size].to(model.cfg.device)
+        _, cache = model.run_with_cache(batch, names_filter=read_hooks, stop_at_layer=stop)
+        for name, splice in splices.items():
+            fired = (splice.codes(cache[splice.read_hook][:, first:]) != 0).any(1).cpu()  # [batch, d_sae]
+            seen = fired.any(0)
+            at = start + fired.int().argmax(0)  # the first window of this batch where each feature fires
+            firsts[name] = torch.where(seen & (firsts[name] == n), at, firsts[name])
+        if checkpoint is not None and time.monotonic() - saved_at >= CHECKPOINT_SECONDS:
+            _save_firsts(checkpoint, firsts, tokens[: start + batch.shape[0]])
+            saved_at = time.monotonic()
+    if checkpoint is not None:
+        _save_firsts(checkpoint, firsts, tokens)
+    return firsts
+
+
 def feature_pool(
     model: HookedTransformer,
     splices: dict[Hashable, Splice],
@@ -182,18 +226,11 @@ def feature_pool(
     exclude_first_positions: int = 0,
 ) -> dict[Hashable, Bool[torch.Tensor, " d_sae"]]:
     """G* per splice: the union of active features over ``tokens`` (calibration) at positions
-    ≥ ``exclude_first_positions``, in one truncated pass."""
-    first = exclude_first_positions
-    read_hooks = sorted({s.read_hook for s in splices.values()})
-    stop = stop_layer(read_hooks)
-    pools = {name: torch.zeros(s.d_sae, dtype=torch.bool) for name, s in splices.items()}
-    for start in tqdm(range(0, tokens.shape[0], batch_size), desc="calibration pool", leave=False):
-        batch = tokens[start : start + batch_size].to(model.cfg.device)
-        _, cache = model.run_with_cache(batch, names_filter=read_hooks, stop_at_layer=stop)
-        for name, splice in splices.items():
-            codes = splice.codes(cache[splice.read_hook][:, first:])
-            pools[name] |= (codes != 0).reshape(-1, splice.d_sae).any(0).cpu()
-    return pools
+    ≥ ``exclude_first_positions`` (:func:`first_firing` below ``tokens.shape[0]``)."""
+    firsts = first_firing(
+        model, splices, tokens, batch_size=batch_size, exclude_first_positions=exclude_first_positions
+    )
+    return {name: f < tokens.shape[0] for name, f in firsts.items()}
 
 
 @torch.no_grad()
@@ -210,6 +247,9 @@ def proxy_pass(
     checkpoint: Path | None = None,
 ) -> tuple[Float[torch.Tensor, " n_seqs"], dict[Hashable, ProxyLosses]]:
     """One clean pass over ``tokens`` shared by every splice; each proxy restarts from the clean residual.
+
+    Entries of ``splices`` that hold the same :class:`Splice` object (one proxy under several pools, e.g. the pools
+    of several calibration sizes) share one proxy run; only the pool test and the restricted run are their own.
 
     The restricted proxy h_G is run only on sequences whose support leaves G*: elsewhere it equals S∘M exactly.
     Positions < ``exclude_first_positions`` are neither spliced nor scored (module docstring).
@@ -236,18 +276,24 @@ def proxy_pass(
         clean_top1 = clean_logp.argmax(-1)
         clean_losses.append(smoothed_loss_bits(logits, batch, alpha, exclude_first_positions=first).cpu())
         times.clean += time.perf_counter() - t0
+        shared: dict[int, tuple[torch.Tensor, ...]] = {}  # entries holding one Splice share its proxy run
         for name, splice in splices.items():
             t0 = time.perf_counter()
             pool = pools[name].to(model.cfg.device)
-            record: dict[str, torch.Tensor] = {}
             layer = splice.start_layer
-            hooks = splice.hooks(record=record, exclude_first_positions=first)
-            proxy_logits = run_from_residual(model, batch, resid, layer, hooks)
-            leaves = (record["support"] & ~pool).flatten(1).any(-1)
-            loss_proxy = smoothed_loss_bits(proxy_logits, batch, alpha, exclude_first_positions=first)
-            proxy_logp = proxy_logits[:, first:].float().log_softmax(-1)
-            kl = kl_divergence(clean_logp, proxy_logp).mean(-1) / LOG2
-            top1 = (proxy_logp.argmax(-1) == clean_top1).float().mean(-1)
+            if id(splice) not in shared:
+                record: dict[str, torch.Tensor] = {}
+                hooks = splice.hooks(record=record, exclude_first_positions=first)
+                proxy_logits = run_from_residual(model, batch, resid, layer, hooks)
+                proxy_logp = proxy_logits[:, first:].float().log_softmax(-1)
+                shared[id(splice)] = (
+                    record["support"],
+                    smoothed_loss_bits(proxy_logits, batch, alpha, exclude_first_positions=first),
+                    kl_divergence(clean_logp, proxy_logp).mean(-1) / LOG2,
+                    (proxy_logp.argmax(-1) == clean_top1).float().mean(-1),
+                )
+            support, loss_proxy, kl, top1 = shared[id(splice)]
+            leaves = (support & ~pool).flatten(1).any(-1)
             times.proxy += time.perf_counter() - t0
             t0 = time.perf_counter()
             loss_restricted = loss_proxy.clone()
@@ -291,6 +337,39 @@ def _save_progress(path: Path, clean: list[torch.Tensor], parts: dict[Hashable, 
         write_tensors(path, tensors, {"windows": int(tensors["loss_clean"].shape[0]) if clean else 0})
     except OSError as err:
         logger.warning("could not save the proxy pass's progress to %s (%s); it goes on without", path, err)
+
+
+def _save_firsts(path: Path, firsts: dict[Hashable, torch.Tensor], read: torch.Tensor) -> None:
+    """First-firing indices after the calibration windows ``read``, the splices in order, with those windows
+    (atomic; a failed write only warns)."""
+    tensors = {str(i): f for i, f in enumerate(firsts.values())} | {"windows": read.to(torch.int32)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_tensors(path, tensors, {"windows": int(read.shape[0])})
+    except OSError as err:
+        logger.warning("could not save the calibration pass's progress to %s (%s); it goes on without", path, err)
+
+
+def _resume_firsts(path: Path | None, firsts: dict[Hashable, torch.Tensor], tokens: torch.Tensor) -> int:
+    """Fill ``firsts`` from a saved calibration pass whose windows agree with ``tokens`` as far as both go; returns
+    the windows of ``tokens`` it covers (0: none, unreadable, or other windows)."""
+    if path is None or not path.is_file():
+        return 0
+    try:
+        tensors, _ = read_tensors(path)
+    except CorruptFileError as err:
+        logger.warning("%s; the calibration pass starts again", err)
+        return 0
+    read, n = tensors["windows"].long(), int(tokens.shape[0])
+    done = min(int(read.shape[0]), n)
+    if read.shape[1:] != tokens.shape[1:] or not torch.equal(read[:done], tokens[:done].cpu()):
+        logger.warning("%s holds a pass over other calibration windows; the calibration pass starts again", path)
+        return 0
+    for i, name in enumerate(firsts):
+        saved = tensors[str(i)].long()  # read.shape[0] where not seen in the windows read
+        firsts[name] = torch.where(saved >= min(int(read.shape[0]), n), n, saved)  # not seen in this pass's windows
+    logger.info("calibration pass: %d of %d windows read from %s", done, n, path)
+    return done
 
 
 def _resume(path: Path | None, clean: list[torch.Tensor], parts: dict[Hashable, dict[str, list[torch.Tensor]]]) -> int:

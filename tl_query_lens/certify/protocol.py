@@ -55,6 +55,8 @@ def schedule_n_star(curve_n: list[int], curve_bound: list[float], baseline_bits:
 # The type of each :func:`protocol_row` entry (the table's columns); ``shuffled_<key>`` has the type of ``<key>``.
 ROW_TYPES: dict[str, type | tuple[type, None]] = {
     "N": int,
+    "n_cal": (int, None),
+    "cal_tokens": (int, None),
     "P": int,
     "m": int,
     "nontrivial": bool,
@@ -65,14 +67,18 @@ ROW_TYPES: dict[str, type | tuple[type, None]] = {
 
 
 def protocol_row(cert: Certificate, *, delta: float) -> dict[str, float | int | bool | None]:
-    """Every reported scalar of one certificate, both bound variants, the direct bound and both N* readings."""
+    """Every reported scalar of one certificate, both bound variants, the direct bound and both N* readings, with
+    the calibration windows and tokens its pool G* was built from (``n_cal``, ``cal_tokens``)."""
     constant = cert.R_hat + cert.eps_hat + cert.Delta * cert.eta_hat
     log_choose = log_binomial(cert.m, cert.P)
     a = hoeffding_coefficient(cert.Delta, delta)
     a_occam = hoeffding_coefficient(cert.Delta, delta, log_choose=log_choose)
     gap = cert.gap.double()
+    n_cal, seq_len = cert.config.get("n_cal"), cert.config.get("seq_len")
     return {
         "N": cert.N,
+        "n_cal": n_cal,
+        "cal_tokens": None if n_cal is None or seq_len is None else n_cal * seq_len,
         "P": cert.P,
         "m": cert.m,
         "log_choose": log_choose,
@@ -116,7 +122,11 @@ class ProtocolCertifyConfig:
 
     Attributes:
         protocol: ``"paper"`` or ``"tlql"`` (formerly ``"fixed-pool"``; module docstring).
-        n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream).
+        n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream); None:
+            every window of the corpus' calibration split (the authors' scale: 70,000 windows of 32 tokens).
+        pool_sizes: smaller calibration sizes whose pools are certified too, from the same passes (the pool-size
+            curve; rows labelled ``"<label> n_cal=<n>"``; :func:`~tl_query_lens.certify.certify.certify_many`).
+        autocast: bf16 autocast for the model passes (:class:`~tl_query_lens.certify.certify.CertifyConfig`).
         n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (tlql).
         seq_len: tokens per window.
         k: TopK size of the proxy at evaluation. delta: failure probability of the bound. alpha: loss smoothing
@@ -132,7 +142,7 @@ class ProtocolCertifyConfig:
     """
 
     protocol: CertifyProtocol = "paper"
-    n_cal: int = 1000
+    n_cal: int | None = 1000
     n_eval: int | None = None
     seq_len: int = 32
     k: int = 64
@@ -145,6 +155,8 @@ class ProtocolCertifyConfig:
     bins: int = 40
     exclude_first_positions: int = 0
     checkpoint_dir: str | None = None
+    pool_sizes: tuple[int, ...] = ()
+    autocast: bool = False
 
     RANGES: ClassVar[dict[str, str]] = {
         "n_cal": "[1, inf)",
@@ -163,15 +175,30 @@ class ProtocolCertifyConfig:
         self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
         if not isinstance(self.shuffle, bool):
             self.shuffle = tuple(self.shuffle)
+        self.pool_sizes = tuple(self.pool_sizes)
         self.certify_config()  # the options every certificate shares are validated once, by CertifyConfig
         check_ranges(self)
         check_first_positions(self.exclude_first_positions, self.seq_len)
-        if self.bins < 1 or self.n_cal < 1 or (self.n_eval is not None and self.n_eval < 1):
+        if (
+            self.bins < 1
+            or (self.n_cal is not None and self.n_cal < 1)
+            or (self.n_eval is not None and self.n_eval < 1)
+        ):
             raise ValueError("bins, n_cal and n_eval must be positive.")
 
     def certify_config(self) -> CertifyConfig:
         """The :class:`CertifyConfig` of every certificate."""
-        names = ("k", "delta", "alpha", "rule", "batch_size", "exclude_first_positions", "checkpoint_dir")
+        names = (
+            "k",
+            "delta",
+            "alpha",
+            "rule",
+            "batch_size",
+            "exclude_first_positions",
+            "checkpoint_dir",
+            "pool_sizes",
+            "autocast",
+        )
         return CertifyConfig(**{name: getattr(self, name) for name in names})
 
 

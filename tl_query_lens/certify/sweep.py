@@ -152,7 +152,8 @@ def certify_layers(
             feature ids (:func:`shuffle_ablation`).
         seed: the permutation seed.
         cfg / overrides: the :class:`~tl_query_lens.certify.certify.CertifyConfig` of every certificate, as in
-            :func:`~tl_query_lens.certify.certify.certify`.
+            :func:`~tl_query_lens.certify.certify.certify`. With ``pool_sizes``, ``certificates`` also holds
+            ``"<label> n_cal=<n>"``: the proxy with the pool of the first n calibration windows (same passes).
     """
     cfg = resolve_config(CertifyConfig, cfg, overrides)
     splices: dict[Hashable, Splice] = {
@@ -172,8 +173,11 @@ def certify_layers(
             splices[(label, True)] = Splice(sae, rule=cfg.rule, k=cfg.k, permutation=perm)
     times = PassTimes()
     certs = certify_many(model, splices, calibration_tokens, evaluation_tokens, cfg, times=times)
+    curve: dict[int | str, Certificate] = {  # the pool-size curve (cfg.pool_sizes): label "<label> n_cal=<n>"
+        f"{label} n_cal={n}": certs[((label, False), n)] for label in saes_by_layer for n in cfg.pool_sizes
+    }
     return LayerSweep(
-        certificates={label: certs[(label, False)] for label in saes_by_layer},
+        certificates={label: certs[(label, False)] for label in saes_by_layer} | curve,
         shuffled={label: certs[(label, True)] for label in saes_by_layer if (label, True) in certs},
         seed=seed if shuffle is not False else None,
         times=times,

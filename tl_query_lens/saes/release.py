@@ -6,7 +6,9 @@ and a sha256 manifest. ``release_fidelity`` loads both versions and compares the
 CE recovered of each (through :func:`tl_query_lens.saes.report.suite_quality`) and how often the packed dictionary
 keeps the same active features.
 
-Run as ``python -m tl_query_lens.saes.release --model smollm2-135m`` after ``tlql saes train`` and ``tlql readout fit``.
+Run as ``python -m tl_query_lens.saes.release --model smollm2-135m`` after ``tlql saes train`` and ``tlql readout fit``;
+``--add blocks.28.hook_resid_post`` packs one more trained dictionary into the shipped release without touching the
+files already there (:func:`add_to_release`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from tl_query_lens.corpus import load_corpus
 from tl_query_lens.models import load_model
 from tl_query_lens.readout.registry import READOUT_RELEASES
 from tl_query_lens.readout.sae import CODE_KEYS, ReadoutSAE, check_compatible, unembedding_rows
-from tl_query_lens.releases import LocalReleases, read_shipped, shipped_root, write_manifest, write_shipped
+from tl_query_lens.releases import MANIFEST, LocalReleases, read_shipped, shipped_root, write_manifest, write_shipped
 from tl_query_lens.results import SavableResult
 from tl_query_lens.saes.registry import SAES_RELEASES
 from tl_query_lens.saes.report import suite_quality
 
-MAX_RELEASE_BYTES = 50_000_000
+MAX_RELEASE_BYTES = 56_000_000
 MAX_FILE_BYTES = 25_000_000
 
 
@@ -62,6 +64,44 @@ def pack_release(family: LocalReleases, model_name: str, sae_ids: list[str], *, 
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)
+    return target
+
+
+def add_to_release(family: LocalReleases, model_name: str, sae_id: str, *, source: dict[str, Any]) -> Path:
+    """Pack one more cached dictionary into ``family``'s existing shipped release, leaving every file already
+    there byte for byte as it is; returns the release folder.
+
+    The new id is packed into a staging folder and moved in; the manifest is rewritten with the files' sha256 (those
+    already shipped keep theirs, checked before and after) and ``source`` under ``"added"[sae_id]``. Refused: a
+    partial id, an id already shipped, a release not packed yet (:func:`pack_release` first), a file over
+    :data:`MAX_FILE_BYTES`.
+    """
+    if sae_id.endswith(".partial"):
+        raise ValueError(f"Refusing to ship the unfinished dictionary {sae_id!r}; finish its training first.")
+    target = family.shipped_dir(model_name)
+    manifest_path = target / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"No packed release at {target}; pack one first (pack_release).")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if (target / sae_id).exists() or any(name.split("/", 1)[0] == sae_id for name in manifest["files"]):
+        raise ValueError(f"{sae_id!r} is already in {target}; pack the whole release again to replace it.")
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    folder = write_shipped(family.cached_path(model_name, sae_id), staging, sae_id)
+    big = [
+        f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in folder.rglob("*") if p.stat().st_size > MAX_FILE_BYTES
+    ]
+    if big:
+        shutil.rmtree(staging)
+        raise ValueError(f"Release files over {MAX_FILE_BYTES / 1e6:.0f} MB: {big}.")
+    folder.rename(target / sae_id)
+    shutil.rmtree(staging)
+    extra = {k: v for k, v in manifest.items() if k != "files"}
+    extra["added"] = {**extra.get("added", {}), sae_id: source}
+    written = write_manifest(target, extra)
+    changed = [name for name, entry in manifest["files"].items() if written["files"].get(name) != entry]
+    if changed:  # cannot happen unless a shipped file was edited in place: say so rather than ship it
+        raise RuntimeError(f"Shipped files changed while adding {sae_id!r}: {changed}; restore them from git.")
     return target
 
 
@@ -172,21 +212,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--readout-ids", default="small", help="comma-separated readout ids to ship")
+    parser.add_argument(
+        "--add",
+        metavar="SAE_ID",
+        help="pack only this cached dictionary into the existing release (the shipped files stay as they are)",
+    )
     parser.add_argument("--n-seqs", type=int, default=32, help="evaluation windows for the fidelity check")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--out", default="docs/saes/release_fidelity", help="where the fidelity result is saved")
+    parser.add_argument(
+        "--out", help="where the fidelity result is saved (docs/saes/release_fidelity, or ..._<SAE_ID> with --add)"
+    )
     args = parser.parse_args(argv)
 
-    suite_ids = [sid for sid in SAES_RELEASES.cached_ids(args.model) if not sid.endswith(".partial")]
     suite_json = SAES_RELEASES.root() / SAES_RELEASES.release_name(args.model) / "suite.json"
     suite = json.loads(suite_json.read_text(encoding="utf-8"))
     if suite.get("status") != "complete":
         raise SystemExit(f"{suite_json} says the suite is {suite.get('status')!r}: finish `tlql saes train` first.")
     keep = {k: suite[k] for k in ("training_tokens_seen", "epochs", "n_cached_tokens", "config")}
-    pack_release(SAES_RELEASES, args.model, suite_ids, source={"suite": keep})
-    readout_ids = [r for r in args.readout_ids.split(",") if r]
-    if readout_ids:
-        pack_release(READOUT_RELEASES, args.model, readout_ids, source={})
+    if args.add:
+        suite_ids, readout_ids = [args.add], []
+        add_to_release(SAES_RELEASES, args.model, args.add, source={"suite": keep})
+    else:
+        suite_ids = [sid for sid in SAES_RELEASES.cached_ids(args.model) if not sid.endswith(".partial")]
+        pack_release(SAES_RELEASES, args.model, suite_ids, source={"suite": keep})
+        readout_ids = [r for r in args.readout_ids.split(",") if r]
+        if readout_ids:
+            pack_release(READOUT_RELEASES, args.model, readout_ids, source={})
     print(f"release: {release_bytes() / 1e6:.1f} MB under {shipped_root()}")
     if release_bytes() > MAX_RELEASE_BYTES:
         raise SystemExit(f"The release exceeds {MAX_RELEASE_BYTES / 1e6:.0f} MB.")
@@ -200,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         source = SAE.load_from_disk(str(READOUT_RELEASES.cached_path(args.model, rid)))
         result.rows.append(readout_fidelity(model, source, _load_packed(READOUT_RELEASES, args.model, rid), rid))
     result.config = {"n_seqs": args.n_seqs, "seq_len": args.seq_len, "corpus": "stdlib", "split": "evaluation"}
-    result.save(args.out)
+    result.save(args.out or ("docs/saes/release_fidelity" + (f"_{args.add}" if args.add else "")))
     for row in result.rows:
         print(json.dumps(row))
     return 0
