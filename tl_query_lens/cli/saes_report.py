@@ -19,17 +19,25 @@ class ReportOptions:
 
     Attributes:
         ids: comma-separated dictionary ids of the model's release (tlql-saes-<model>), or 'all'.
-        protocol: 'project' (this package's splice, first position clean), or 'saelens': also SAELens' own
-            run_evals of the residual SAEs on the same windows (every position spliced, special tokens left out by
-            id), beside the project's figures.
+        protocol: 'project' (this package's splice, first position clean), and comma-separated, beside it:
+            'saelens' (SAELens' own run_evals of the residual SAEs on the same windows: every position spliced,
+            special tokens left out by id), 'saebench' (SAEBench's core run_evals through the SAELens-6 adapter of
+            tl_query_lens.saes.saebench_eval: every position spliced, special tokens out of the statistics).
     """
 
     ids: str = "all"
     protocol: str = "project"
 
     def __post_init__(self) -> None:
-        if self.protocol not in ("project", "saelens"):
-            raise ValueError(f"protocol must be 'project' or 'saelens', got {self.protocol!r}.")
+        names = self.protocols()
+        if not names or not names <= {"project", "saelens", "saebench"}:
+            raise ValueError(
+                f"protocol must be project, saelens, saebench or a comma list of them, got {self.protocol!r}."
+            )
+
+    def protocols(self) -> set[str]:
+        """The protocol names asked for."""
+        return {p.strip() for p in self.protocol.split(",") if p.strip()}
 
 
 def add_parser(subparsers) -> None:
@@ -74,10 +82,14 @@ def run(args: argparse.Namespace) -> int:
         quality = suite_quality(model, saes, tokens, batch_size=cfg.batch_size, exclude_first_positions=first)
         quality.config = dict(track.config)
         add_training_window_alive(quality, SAES_RELEASES.root() / release)
-        if options.protocol == "saelens":
+        if "saelens" in options.protocols():
             from tl_query_lens.saes.saelens_eval import saelens_quality
 
             quality.saelens = saelens_quality(model, saes, tokens, batch_size=cfg.batch_size)
+        if "saebench" in options.protocols():
+            from tl_query_lens.saes.saebench_eval import saebench_quality
+
+            quality.saebench = saebench_quality(model, saes, tokens, batch_size=cfg.batch_size)
         quality.save(out)
         atomic_write_text(out / "quality.md", quality.markdown() + "\n")
         track.log_result(quality, "saes_quality")  # its scalars and table, to files and W&B

@@ -103,6 +103,9 @@ class SuiteQuality(SavableResult):
     #: ``--protocol saelens``: SAELens' ``run_evals`` of the residual SAEs on the same windows
     #: (:func:`tl_query_lens.saes.saelens_eval.saelens_quality`), one row per SAE.
     saelens: list[dict[str, Any]] = field(default_factory=list)
+    #: ``--protocol saebench``: SAEBench's core ``run_evals`` of the residual SAEs on the same windows
+    #: (:func:`tl_query_lens.saes.saebench_eval.saebench_quality`), one row per SAE.
+    saebench: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self, sae_id: str) -> dict[str, Any]:
         for row in self.rows:
@@ -121,21 +124,18 @@ class SuiteQuality(SavableResult):
                 f"{r['explained_variance']:.3f} | {r['ce_clean']:.3f} | {r['ce_spliced']:.3f} | "
                 f"{r['ce_zero']:.3f} | {r['ce_recovered']:.3f} | {r['kl']:.3f} |"
             )
-        if self.saelens:
-            ours = {r["sae_id"]: r for r in self.rows}
-            lines += [
-                "",
-                (
-                    "SAELens `run_evals` (every position spliced, special tokens left out by id) / this protocol "
-                    "(first position clean):"
-                ),
-                "",
-                "| id | L0 (SAELens / ours) | EV | CE clean | CE splice | CE zero | CE recovered | KL |",
-                "|" + "---|" * 8,
-            ]
-            for r in self.saelens:
-                o = ours.get(r["sae_id"], {})
-                cells = [_pair(r, o, key, fmt) for key, fmt in _SAELENS_CELLS]
+        ours = {r["sae_id"]: r for r in self.rows}
+        for title, theirs in (
+            ("SAELens `run_evals` (every position spliced, special tokens left out by id)", self.saelens),
+            ("SAEBench core `run_evals` (every position spliced, special tokens out of the statistics)", self.saebench),
+        ):
+            if not theirs:
+                continue
+            lines += ["", f"{title} / this protocol (first position clean):", ""]
+            lines += ["| id | L0 (theirs / ours) | EV | CE clean | CE splice | CE zero | CE recovered | KL |"]
+            lines.append("|" + "---|" * 8)
+            for r in theirs:
+                cells = [_pair(r, ours.get(r["sae_id"], {}), key, fmt) for key, fmt in _SAELENS_CELLS]
                 lines.append(f"| `{r['sae_id']}` | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
