@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.saes import report
 from tl_query_lens.saes.report import SuiteQuality, suite_quality
+from tl_query_lens.sources import DictionarySource
 from tl_query_lens.tracking import Tracker
 
 SKIP = 1  # suite_quality's default exclude_first_positions
@@ -96,7 +96,8 @@ def test_tlql_saes_report_logs_the_new_metric_through_the_tracker(tmp_path, monk
     monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
     monkeypatch.setattr("tl_query_lens.cli.common.load_tokens", lambda *a, **k: tokens)
     monkeypatch.setattr(
-        "tl_query_lens.sources.release_sources", lambda release, ids: [SimpleNamespace(sae_id="L1_sae")]
+        "tl_query_lens.sources.release_sources",
+        lambda release, ids: [DictionarySource(f"{release}:L1_sae", "pretrained", release, "L1_sae")],
     )
     monkeypatch.setattr("tl_query_lens.sources.load_dictionary", lambda source, device=None: sae)
     out = tmp_path / "out"
