@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
         return report_paper(protocol.certify_protocol(model, saes, run_cfg.corpus, cfg=cfg), run_cfg, args, cfg)
     cal = load_tokens(run_cfg, model, "calibration", n_seqs=cfg.n_cal)
     ev = load_tokens(run_cfg, model, "evaluation", n_seqs=cfg.n_eval or 1000)
-    shuffled = len(saes) if cfg.shuffle is True else len(list(cfg.shuffle or []))
-    n_batches = forward_batches(len(cal), len(ev), cfg.batch_size, len(saes) + shuffled)
+    n_shuffled = len(saes) if cfg.shuffle is True else len(list(cfg.shuffle or []))
+    n_batches = forward_batches(len(cal), len(ev), cfg.batch_size, len(saes) + n_shuffled)
     announce("certify", n_batches, seconds_per_batch(model, ev[: cfg.batch_size]), "--n-eval")
     sweep = protocol.certify_protocol(model, saes, tokens=(cal, ev), cfg=cfg).sweep
     sweep.save(out)
