@@ -381,3 +381,27 @@ def test_default_lists_the_shipped_suite_under_the_models_own_name(tmp_path, mon
         assert [sid for loc, sid in listed if loc == "tlql-saes-smollm2-135m"] == shipped
         assert ("tlql-readout-smollm2-135m", "small") in listed
         assert sum(s.kind == "ffkv" for s in sources) == 2
+
+
+def test_estimate_comes_before_the_corpus_pass_and_counts_its_batches(tmp_path, monkeypatch, caplog):
+    """The one-line estimate is logged before the corpus pass, and the batches it scales by equal the batches the
+    pass encodes (counted by wrapping the dictionary encoder; one dictionary, so one call per batch)."""
+    import re
+
+    from tl_query_lens.atlas import build
+
+    calls = {"n": 0, "estimated_first": None}
+    real = build.encode
+
+    def counting(d, acts):
+        if calls["estimated_first"] is None:
+            calls["estimated_first"] = any("estimated wall time" in r.getMessage() for r in caplog.records)
+        calls["n"] += 1
+        return real(d, acts)
+
+    monkeypatch.setattr(build, "encode", counting)
+    with caplog.at_level("INFO"):
+        _build(tiny_model("gelu_ln"), _cfg(tmp_path / "atlas", n_tokens=13 * SEQ, batch_size=4, signatures=False))
+    line = next(r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage())
+    assert calls["estimated_first"] is True and calls["n"] == 4  # 13 sequences in batches of 4
+    assert int(re.search(r"\((\d+) forward batches", line).group(1)) == calls["n"] and "--n-tokens" in line

@@ -205,3 +205,36 @@ def test_cli_exclude_first_positions_beyond_the_window_names_the_fix(tiny_env, t
     err = capsys.readouterr().err
     assert "exclude_first_positions=7 leaves no position of the 8-token windows to score" in err
     assert "longer windows" in err and "Traceback" not in err
+
+
+def test_cli_estimate_comes_first_and_counts_the_passes_run(tiny_env, tmp_path, monkeypatch, caplog):
+    """The one-line estimate is logged before the first pass, and the forward batches it scales by equal the passes
+    the run makes, counted here by wrapping the model's ``run_with_cache`` (calibration and clean passes) and the proxy forward."""
+    import importlib
+    import re
+
+    losses = importlib.import_module("tl_query_lens.certify.losses")
+
+    passes = {"n": 0, "estimated_before_first": None}
+
+    def counting(fn, proxy_only=False):
+        def wrapped(*args, **kwargs):
+            if passes["estimated_before_first"] is None:
+                passes["estimated_before_first"] = any("estimated wall time" in r.getMessage() for r in caplog.records)
+            if not (proxy_only and "rows" in kwargs):  # a restricted re-run of a few rows is not a batch
+                passes["n"] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(tiny_env, "run_with_cache", counting(tiny_env.run_with_cache))
+    monkeypatch.setattr(losses, "run_from_residual", counting(losses.run_from_residual, proxy_only=True))
+    argv = ["certify", "--layers", "0,2", "--n-cal", "5", "--n-eval", "20", "--seq-len", "8", "--k", "5"]
+    argv += ["--batch-size", "3", "--shuffle", "--no-wandb", "--out", str(tmp_path / "cert")]
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0
+    line = next(r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage())
+    assert passes["estimated_before_first"] is True
+    assert int(re.search(r"\((\d+) forward batches", line).group(1)) == passes["n"]
+    assert passes["n"] == 2 + 7 * (1 + 4)  # ceil(5/3) calibration, ceil(20/3) x (clean + 2 real + 2 shuffled)
+    assert "--n-eval" in line

@@ -1,5 +1,7 @@
-"""``tlql demo``'s overall progress: step i of n, elapsed time and an estimated total, and a warning before a step
-estimated to take over a minute, naming the option that shrinks it."""
+"""Cost estimates before heavy work, from one timed forward batch: ``tlql demo``'s overall progress (step i of n,
+elapsed time, an estimated total, a warning before a step estimated over a minute) and the one-line estimate that
+``certify``, ``atlas``, ``reproduce`` and ``saes train`` print first (:func:`announce`), each naming the option that
+shrinks it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from tl_query_lens.corpus import load_corpus
 from tl_query_lens.readout.registry import READOUT_RELEASES
 
 logger = logging.getLogger("tl_query_lens.demo")
+estimate_logger = logging.getLogger("tl_query_lens.estimate")
 
 
 # Cost of each step in units of one timed forward token (seconds_per_token), as "fixed + per token". Set from the
@@ -50,6 +53,31 @@ def seconds_per_token(model, cfg) -> float:
     t0 = time.perf_counter()
     model(tokens)
     return (time.perf_counter() - t0) / tokens.numel()
+
+
+@torch.no_grad()
+def seconds_per_batch(model, batch: torch.Tensor) -> float:
+    """Wall seconds of one plain forward pass of ``batch`` (token ids; after one warm-up pass of its first row)."""
+    batch = batch.to(model.cfg.device)
+    model(batch[:1])
+    t0 = time.perf_counter()
+    model(batch)
+    return time.perf_counter() - t0
+
+
+def announce(command: str, n_batches: float, seconds_each: float, option: str) -> float:
+    """Log the one-line estimate of a heavy pass, before it starts: ``n_batches`` forward-batch equivalents at
+    ``seconds_each`` (from :func:`seconds_per_batch`). Returns the estimated seconds."""
+    total = n_batches * seconds_each
+    estimate_logger.info(
+        "%s: estimated wall time %s (%g forward batches at %.2g s each, timed here); a smaller %s shrinks it",
+        command,
+        clock(total),
+        n_batches,
+        seconds_each,
+        option,
+    )
+    return total
 
 
 def clock(seconds: float) -> str:

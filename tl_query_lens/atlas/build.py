@@ -57,6 +57,7 @@ from tl_query_lens.atlas.site import (
 from tl_query_lens.budget import check_memory
 from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
+from tl_query_lens.demo_progress import announce, seconds_per_batch
 from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
 from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.errors import InputError, MissingFileError
@@ -522,6 +523,13 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
 
 
 def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress, lens=None) -> None:
+    # one corpus pass serves every unit: ceil(n_seqs / batch_size) forward batches
+    announce(
+        "atlas",
+        math.ceil(len(tokens) / cfg.batch_size),
+        seconds_per_batch(model, tokens[: cfg.batch_size]),
+        "--n-tokens",
+    )
     t0 = time.perf_counter()
     collectors, qualities = _forward_pass(model, units, cfg, tokens, out, progress)
     seconds["forward_pass"] = time.perf_counter() - t0

@@ -47,6 +47,12 @@ def _check_n_eval(n_eval: int | None, d_vocab: int, cfg) -> None:
         )
 
 
+def forward_batches(n_cal: int, n_eval: int, batch_size: int, n_proxies: int) -> int:
+    """Forward batches of a fixed-pool certificate: one calibration pass, then per evaluation batch one clean pass and
+    one pass per proxy (shuffled twins included); the restricted re-runs of the few rows that leave the pool aside."""
+    return math.ceil(n_cal / batch_size) + math.ceil(n_eval / batch_size) * (1 + n_proxies)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.cli.certify_paper import report_paper
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
+    from tl_query_lens.demo_progress import announce, seconds_per_batch
     from tl_query_lens.errors import InputError
     from tl_query_lens.paths import result_names
     from tl_query_lens.ranges import parse_layers
@@ -93,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         return report_paper(protocol.certify_protocol(model, saes, run_cfg.corpus, cfg=cfg), run_cfg, args, cfg)
     cal = load_tokens(run_cfg, model, "calibration", n_seqs=cfg.n_cal)
     ev = load_tokens(run_cfg, model, "evaluation", n_seqs=cfg.n_eval or 1000)
+    n_shuffled = len(saes) if cfg.shuffle is True else len(list(cfg.shuffle or []))
+    n_batches = forward_batches(len(cal), len(ev), cfg.batch_size, len(saes) + n_shuffled)
+    announce("certify", n_batches, seconds_per_batch(model, ev[: cfg.batch_size]), "--n-eval")
     sweep = protocol.certify_protocol(model, saes, tokens=(cal, ev), cfg=cfg).sweep
     assert sweep is not None  # certify_protocol attaches the sweep behind its rows
     sweep.save(out)

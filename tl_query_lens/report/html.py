@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import html
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tl_query_lens.report.tokens import readable
 from tl_query_lens.results import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+# A URL scheme: a letter, then letters, digits, "+", "-" or ".", then ":" (RFC 3986 §3.1).
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
 
 
 @dataclass
@@ -70,10 +77,30 @@ def _tokens(tokens: TokenList, limit: int = 12) -> str:
     return f"<div><h4>{html.escape(tokens.method)}</h4>{chips}</div>"
 
 
+def safe_link(link: str) -> str | None:
+    """``link`` if a browser would open it as a relative path or an http(s) URL, else None.
+
+    Browsers drop whitespace and control characters around and inside a scheme (``" java\\tscript:"`` runs script),
+    so the scheme is read with those removed; any scheme but ``http`` / ``https`` (``javascript:``, ``data:``,
+    ``vbscript:``, ``file:``) is refused.
+    """
+    bare = "".join(c for c in link if ord(c) > 0x20 and ord(c) != 0x7F)
+    scheme = _SCHEME.match(bare)
+    if scheme is None or scheme.group(1).lower() in ("http", "https"):
+        return link
+    return None
+
+
 def _card(card: FeatureCard) -> str:
     title = html.escape(card.title)
     if card.link:
-        title = f'<a href="{html.escape(card.link, quote=True)}">{title}</a>'
+        link = safe_link(card.link)
+        if link is None:
+            logger.warning(
+                "report: the link of card %r is not a relative path or an http(s) URL; shown unlinked", card.title
+            )
+        else:
+            title = f'<a href="{html.escape(link, quote=True)}">{title}</a>'
     parts = [f'<div class="card"><h3>{title}</h3>']
     if card.key_lists:
         parts.append("<b>key — what activates it</b><div class='sig'>")
