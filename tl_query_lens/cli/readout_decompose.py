@@ -90,6 +90,28 @@ def _token_id(model, text: str) -> int:
     return ids[0]
 
 
+def check_targets(args: argparse.Namespace) -> None:
+    """Before the model loads: a prompt and score tokens that can name something (an empty string is no token; a
+    margin of a token against itself is 0 by construction)."""
+    from tl_query_lens.errors import InputError
+
+    if args.prompt == "":
+        raise InputError(
+            "the prompt is empty; give the text whose state to decompose, e.g. 'The capital of France is'."
+        )
+    given = {
+        "--token": [args.token],
+        "--vocab-contrast": [args.vocab_contrast],
+        "--margin": list(args.margin or []),
+        "--group": list(args.group or []),
+    }
+    for option, texts in given.items():
+        if any(text == "" for text in texts):
+            raise InputError(f"{option} got an empty string, which is no token; give a token's text, e.g. ' Paris'.")
+    if args.margin and args.margin[0] == args.margin[1]:
+        raise InputError(f"--margin {args.margin[0]!r} {args.margin[1]!r}: one token against itself is 0; give two.")
+
+
 def run_decompose(args: argparse.Namespace) -> int:
     import torch
 
@@ -102,6 +124,7 @@ def run_decompose(args: argparse.Namespace) -> int:
 
     run_cfg, options = build(RunConfig, args, exclude=RUN_SKIP), build(DecomposeOptions, args)
     check_run(run_cfg)
+    check_targets(args)
     sae_spec = load_readout(run_cfg.model, options.sae_id, options.sae_path)  # checked before the model loads
     model = load_model(run_cfg)
     sae = sae_spec()
@@ -116,14 +139,16 @@ def run_decompose(args: argparse.Namespace) -> int:
         _, cache = model.run_with_cache(args.prompt, names_filter=[hook])
         h = logit_lens(model)(cache[hook][0, options.position]).float()
     V = model.cfg.d_vocab
-    if args.token:
+    if args.token is not None:
         alpha, what = ro.token_logit(_token_id(model, args.token), V), f"logit {args.token!r}"
     elif args.margin:
         pos, neg = args.margin
+        if _token_id(model, pos) == _token_id(model, neg):
+            raise InputError(f"--margin {pos!r} {neg!r} are one token; the margin would be 0. Give two tokens.")
         alpha, what = ro.margin(_token_id(model, pos), _token_id(model, neg), V), f"margin {pos!r} − {neg!r}"
     elif args.group:
         alpha, what = ro.group_mean([_token_id(model, t) for t in args.group], V), f"group mean {args.group}"
-    elif args.vocab_contrast:
+    elif args.vocab_contrast is not None:
         token = args.vocab_contrast
         alpha, what = ro.vocab_mean_contrast(_token_id(model, token), V), f"{token!r} − vocabulary mean"
     else:
