@@ -179,3 +179,21 @@ def tiny_readout(model, d_sae: int = 128, k: int = 8, seed: int = 3):
         sae.b_dec.copy_(rows.mean(0))
     sae.store_codes(rows)
     return sae
+
+
+def tiny_export_atlas(out, dictionary: tuple[str, ...], seq_len: int = 16):
+    """A small atlas without signatures on the gelu_ln tiny model, for the export tests: (model, cfg, tokens, result)."""
+    from tl_query_lens.atlas import AtlasConfig, build_atlas
+
+    model = tiny_model("gelu_ln")
+    cfg = AtlasConfig(
+        out=out,
+        dictionary=dictionary,
+        n_tokens=40 * seq_len,
+        seq_len=seq_len,
+        shard_size=32,
+        band_sample=8,
+        signatures=False,
+    )
+    tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=seq_len)
+    return model, cfg, tokens, build_atlas(model, None, cfg, tokens=tokens, progress=False)

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_model, tiny_tokens
+from tests.helpers import tiny_export_atlas
 from tl_query_lens import FFKV
-from tl_query_lens.atlas import AtlasConfig, build_atlas
 from tl_query_lens.atlas.cards import HIST_BINS, cantor, feature_card, uncantor
 from tl_query_lens.atlas.collect import HIST_PER_DECADE
 
@@ -42,19 +41,7 @@ LIBS = ("d3.js", "d3-jetpack.js", "pako.min.js")
 
 @pytest.fixture(scope="module")
 def atlas(tmp_path_factory):
-    model = tiny_model("gelu_ln")
-    out = tmp_path_factory.mktemp("ct-atlas")
-    cfg = AtlasConfig(
-        out=out,
-        dictionary=("ffkv:1", "ffkv:2"),
-        n_tokens=40 * SEQ,
-        seq_len=SEQ,
-        shard_size=32,
-        band_sample=8,
-        signatures=False,
-    )
-    tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=SEQ)
-    build_atlas(model, None, cfg, tokens=tokens, progress=False)
+    model, cfg, tokens, _ = tiny_export_atlas(tmp_path_factory.mktemp("ct-atlas"), ("ffkv:1", "ffkv:2"), SEQ)
     return model, cfg, tokens
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_model, tiny_tokens
-from tl_query_lens.atlas import AtlasConfig, build_atlas
+from tests.helpers import tiny_export_atlas
+from tl_query_lens.atlas import AtlasConfig
 from tl_query_lens.atlas.exports import export_all
 from tl_query_lens.report import neuronpedia as np_export
 from tl_query_lens.report.tokens import readable
@@ -220,19 +220,8 @@ class Replay:
 
 @pytest.fixture(scope="module")
 def atlas(tmp_path_factory):
-    model = tiny_model("gelu_ln")
     out = tmp_path_factory.mktemp("np-atlas")
-    cfg = AtlasConfig(
-        out=out,
-        dictionary=("ffkv:1", "ffkv:2:topk:8"),
-        n_tokens=40 * SEQ,
-        seq_len=SEQ,
-        shard_size=32,
-        band_sample=8,
-        signatures=False,
-    )
-    tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=SEQ)
-    result = build_atlas(model, None, cfg, tokens=tokens, progress=False)
+    model, _, _, result = tiny_export_atlas(out, ("ffkv:1", "ffkv:2:topk:8"), SEQ)
     return model, out, result
 
 

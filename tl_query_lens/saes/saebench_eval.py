@@ -36,24 +36,17 @@ from typing import Any
 import torch
 from sae_lens import SAE, HookedSAETransformer
 
-from tl_query_lens.saes.saelens_eval import WindowStore, is_residual
+from tl_query_lens.saes.saelens_eval import SAELENS_COLUMNS, WindowStore, is_residual
 
 logger = logging.getLogger(__name__)
 
 #: Figures kept from SAEBench's ``run_evals`` (group, key) and their column names.
 SAEBENCH_COLUMNS = {
-    "ce_recovered": ("model_performance_preservation", "ce_loss_score"),
-    "ce_clean": ("model_performance_preservation", "ce_loss_without_sae"),
-    "ce_spliced": ("model_performance_preservation", "ce_loss_with_sae"),
-    "ce_zero": ("model_performance_preservation", "ce_loss_with_ablation"),
-    "kl_score": ("model_behavior_preservation", "kl_div_score"),
-    "kl": ("model_behavior_preservation", "kl_div_with_sae"),
-    "explained_variance": ("reconstruction_quality", "explained_variance"),
+    **SAELENS_COLUMNS,  # SAEBench's core eval reports the same groups and keys as SAELens' run_evals, plus these
     "explained_variance_legacy": ("reconstruction_quality", "explained_variance_legacy"),
     "mse": ("reconstruction_quality", "mse"),
     "cossim": ("reconstruction_quality", "cossim"),
     "l2_ratio": ("shrinkage", "l2_ratio"),
-    "mean_l0": ("sparsity", "l0"),
 }
 
 
