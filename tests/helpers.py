@@ -197,3 +197,23 @@ def tiny_export_atlas(out, dictionary: tuple[str, ...], seq_len: int = 16):
     )
     tokens = tiny_tokens(model, n_seqs=cfg.n_seqs, seq_len=seq_len)
     return model, cfg, tokens, build_atlas(model, None, cfg, tokens=tokens, progress=False)
+
+
+def tiny_protocol_setup():
+    """The external evaluation protocols' tests (SAELens, SAEBench): a tiny model, 6 × 10 tokens, a residual SAE whose
+    reconstruction sits between clean and zero, and a transcoder the protocols must leave out."""
+    from sae_lens import StandardSAE, StandardSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=6, seq_len=10, seed=5)
+    torch.manual_seed(1)
+    meta = SAEMetadata(hook_name="blocks.1.hook_resid_post", model_name="tiny")  # SAEBench reads the model name
+    sae = StandardSAE(StandardSAEConfig(d_in=32, d_sae=48, metadata=meta))
+    with torch.no_grad():
+        sae.W_dec.mul_(0.2)  # a reconstruction between clean and zero, so CE recovered is informative
+    tc = StandardSAE(
+        StandardSAEConfig(d_in=32, d_sae=16, metadata=SAEMetadata(hook_name="blocks.1.ln2.hook_normalized"))
+    )
+    tc.cfg.metadata.hook_name_out = "blocks.1.hook_mlp_out"
+    return model, tokens, {"sae": sae.eval(), "tc": tc.eval()}

@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from sae_lens import StandardSAE, StandardSAEConfig
-from sae_lens.saes.sae import SAEMetadata
 
-from tests.helpers import tiny_model, tiny_tokens
+from tests.helpers import tiny_protocol_setup
 from tl_query_lens.saes.report import SuiteQuality, suite_quality
 from tl_query_lens.saes.saebench_eval import saebench_quality, saebench_view
 
@@ -24,18 +23,7 @@ SHARED = ("ce_clean", "ce_spliced", "ce_zero", "ce_recovered", "kl", "mean_l0")
 
 @pytest.fixture(scope="module")
 def setup():
-    model = tiny_model("gelu_ln")
-    tokens = tiny_tokens(model, n_seqs=6, seq_len=10, seed=5)
-    torch.manual_seed(1)
-    meta = SAEMetadata(hook_name=HOOK, model_name="tiny")
-    sae = StandardSAE(StandardSAEConfig(d_in=32, d_sae=48, metadata=meta))
-    with torch.no_grad():
-        sae.W_dec.mul_(0.2)  # a reconstruction between clean and zero, so CE recovered is informative
-    tc = StandardSAE(
-        StandardSAEConfig(d_in=32, d_sae=16, metadata=SAEMetadata(hook_name="blocks.1.ln2.hook_normalized"))
-    )
-    tc.cfg.metadata.hook_name_out = "blocks.1.hook_mlp_out"
-    return model, tokens, {"sae": sae.eval(), "tc": tc.eval()}
+    return tiny_protocol_setup()
 
 
 def test_the_view_carries_the_saelens5_fields_and_leaves_the_sae_alone(setup):

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sae_lens import StandardSAE, StandardSAEConfig
-from sae_lens.saes.sae import SAEMetadata
 
-from tests.helpers import tiny_model, tiny_tokens
+from tests.helpers import tiny_protocol_setup
 from tl_query_lens.saes.report import SuiteQuality, suite_quality
 from tl_query_lens.saes.saelens_eval import SAELENS_COLUMNS, WindowStore, saelens_quality
 
@@ -21,17 +19,7 @@ SHARED = ("ce_clean", "ce_spliced", "ce_zero", "ce_recovered", "kl", "explained_
 
 @pytest.fixture(scope="module")
 def setup():
-    model = tiny_model("gelu_ln")
-    tokens = tiny_tokens(model, n_seqs=6, seq_len=10, seed=5)
-    torch.manual_seed(1)
-    sae = StandardSAE(StandardSAEConfig(d_in=32, d_sae=48, metadata=SAEMetadata(hook_name="blocks.1.hook_resid_post")))
-    with torch.no_grad():
-        sae.W_dec.mul_(0.2)  # a reconstruction between clean and zero, so CE recovered is informative
-    tc = StandardSAE(
-        StandardSAEConfig(d_in=32, d_sae=16, metadata=SAEMetadata(hook_name="blocks.1.ln2.hook_normalized"))
-    )
-    tc.cfg.metadata.hook_name_out = "blocks.1.hook_mlp_out"
-    return model, tokens, {"sae": sae.eval(), "tc": tc.eval()}
+    return tiny_protocol_setup()
 
 
 def test_saelens_run_evals_equals_the_report_when_the_protocols_agree(setup):
