@@ -169,6 +169,7 @@ class ProtocolCertifyConfig:
         "seed": "[0, 4294967295]",
         "bins": "[1, inf)",
         "exclude_first_positions": "[0, inf)",
+        "pool_sizes": "[1, inf)",
     }
 
     def __post_init__(self) -> None:
