@@ -276,6 +276,21 @@ def _depth_n409() -> str:
     return "\n".join(lines)
 
 
+def pool_curve_phrases() -> list[str]:
+    """The §4.3 sentence on the pool size at N = 1,000: per layer, η̂ and the Occam bound at 512 → 4,096 windows."""
+    result = _json("certify_pool_curve.json")["saes-L24-L28-N1000-cal4096"]["result"]
+    by = {(r["n_cal"], label.split()[1]): r for label, r in zip(result["labels"], result["rows"], strict=True)}
+    out = []
+    for layer in ("L24", "L28"):
+        small, large = by[(512, layer)], by[(4096, layer)]
+        out.append(
+            f"{layer}: η̂ {_f(small['eta_hat'], 3)} → {_f(large['eta_hat'], 3)}, Occam "
+            f"{_f(small['bound_occam'])} → {_f(large['bound_occam'])} bits, N* "
+            f"{small['N_star_closed_form_occam']:,.0f} → {large['N_star_closed_form_occam']:,.0f}"
+        )
+    return out
+
+
 def headlines() -> dict[str, list[str]]:
     """Per doc, the phrases formatted from the records that must appear in it verbatim."""
     full = reproduce_rows("full")
@@ -328,6 +343,8 @@ def headlines() -> dict[str, list[str]]:
     s512, s128, f512, f128 = (f"{kind}-N5000-cal{n}" for kind in ("saes", "ffkv") for n in (512, 128))
     return {
         "reproduction.md": [
+            # §4.3 the pool-size curve at N = 1,000 (docs/reproduction/certify_pool_curve.json)
+            *pool_curve_phrases(),
             # §1 certification: FF-KV L24 and the depth sweep (pre-release and shipped suites)
             f"**Occam {_f(ffkv['bound_occam'])} < 15.58 bits",
             f"**{_f(ffkv['bound_direct'])} bits** (R̂(M) = {_f(ffkv['R_hat_clean'])})",
