@@ -207,7 +207,7 @@ def test_missing_or_altered_install_names_the_setup_option(tmp_path, monkeypatch
         read_manifest()
     with pytest.raises(InputError, match="setup.sh --broad-corpus"):
         load_corpus("broad", TOK, n_seqs=4, seq_len=8)
-    from tl_query_lens.cli.checks import check_corpus
+    from tl_query_lens.checks import check_corpus
 
     with pytest.raises(InputError, match="setup.sh --broad-corpus"):
         check_corpus("broad")

@@ -14,7 +14,7 @@ import torch
 
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import build_parser, main, subcommands
-from tl_query_lens.cli.options import option
+from tl_query_lens.cli.options import NOT_GIVEN, option
 from tl_query_lens.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,11 +67,27 @@ def test_defaults_and_choices_are_the_configs(argv, module, cls):
         if isinstance(default, bool):
             assert action.option_strings == [option(("no_" if default else "") + f.name)], f.name
         elif isinstance(default, (int, float, str)) or default is None:
-            assert action.default == default and option(f.name) in action.option_strings, f.name
+            assert option(f.name) in action.option_strings, f.name
+            if action.default is NOT_GIVEN:  # the preset's value applies: the help shows it
+                assert default is None or f"default: {default}" in action.help, (f.name, action.help)
+            else:
+                assert action.default == default, f.name
         if isinstance(default, str) and action.choices:
             assert list(action.choices) == list(typing.get_args(typing.get_type_hints(config)[f.name]))
         checked += 1
     assert checked >= 3
+
+
+def test_no_option_given_builds_the_commands_default_config():
+    """Reference: each command's config class called with no arguments."""
+    from tl_query_lens.cli.runner import config_of
+    from tl_query_lens.commands import COMMANDS
+
+    for command in COMMANDS:
+        parser = build_parser()
+        for word in command.words:
+            parser = subcommands(parser)[word]
+        assert config_of(command, parser.parse_args([])) == command.config_class()(), command.name
 
 
 def test_help_and_argument_errors_import_no_heavy_library():

@@ -291,7 +291,7 @@ def test_fuzzed_broad_corpus_manifest_info_exits_0_or_2(record, tmp_path_factory
     suffix=st.sampled_from([".txt", ".jsonl"]),
 )
 def test_fuzzed_corpus_files_are_read_or_refused_by_name(body, suffix, tmp_path_factory):
-    from tl_query_lens.cli.checks import check_corpus
+    from tl_query_lens.checks import check_corpus
     from tl_query_lens.errors import InputError
 
     path = tmp_path_factory.mktemp("corpus") / f"c{suffix}"

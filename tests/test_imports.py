@@ -20,6 +20,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "errors",
             "config",
+            "command",
+            "limits",
             "presentation",
             "protocols",
             "results",
@@ -43,7 +45,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # "": the package's own __init__
     (
         "surfaces",
-        ("sources", "tracking", "report", "atlas", "demo", "demo_progress", "reproduce", "cli", "__main__", ""),
+        (
+            "sources",
+            "checks",
+            "commands",
+            "tracking",
+            "report",
+            "atlas",
+            "demo",
+            "demo_progress",
+            "reproduce",
+            "cli",
+            "__main__",
+            "",
+        ),
     ),
 ]
 # Imported where they are used (inside a function): slow to import and not needed by most calls.

@@ -242,6 +242,25 @@ def clear_temporaries(folder: str | Path, owned: Iterable[str]) -> int:
     return removed
 
 
+@contextlib.contextmanager
+def output_folder(out: str | Path, what: str = "--out") -> Iterator[Path]:
+    """Check ``out`` (a folder that can be created and written, with plain component names, new or empty or written
+    by tlql before: :func:`check_owned`, so nothing of a user's own is overwritten) and hold its lock while the body
+    runs, so two runs never write one folder; a folder this run created and left empty (the run stopped on a user
+    error) is removed again."""
+    folder = check_folder(out, what)
+    check_owned(folder, what)
+    created = not folder.exists()
+    try:
+        with folder_lock(folder, what):
+            yield folder
+    finally:
+        if created and folder.is_dir() and {p.name for p in folder.iterdir()} <= {LOCK_NAME}:
+            with contextlib.suppress(OSError):
+                (folder / LOCK_NAME).unlink(missing_ok=True)
+                folder.rmdir()
+
+
 def glob_escape(name: str) -> str:
     """``name`` with glob's special characters taken literally."""
     return re.sub(r"([*?\[])", r"[\1]", name)

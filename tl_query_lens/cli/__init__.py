@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
-from tl_query_lens.cli import options_cache
+from tl_query_lens.cli import options_cache, runner
 from tl_query_lens.cli.subcommand import configure
+from tl_query_lens.command import Command
+from tl_query_lens.commands import COMMANDS, GROUPS
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommands"]
 
 SUBCOMMANDS = (
-    "ffkv",
     "query_lens",
     "ql_evaluate",
     "ql_channels",
@@ -42,7 +45,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return dict(actions[0].choices) if actions else {}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentParser:
     """The ``tlql`` parser: every subcommand configured, or only ``command`` (the others keep their one-line help)."""
     parser = argparse.ArgumentParser(
         prog="tlql",
@@ -59,6 +62,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "(default: the memory available; accepted anywhere on the command line; also TLQL_MAX_MEMORY)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_commands(subparsers, commands)
     for name in SUBCOMMANDS:
         importlib.import_module(f"tl_query_lens.cli.{name}").add_parser(subparsers)
     for name, subparser in subparsers.choices.items():
@@ -67,18 +71,42 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_commands(subparsers, commands: tuple[Command, ...]) -> None:
+    """A parser per command (an action parser under its group's for ``"readout fit"``), configured on first use."""
+    groups: dict[str, Any] = {}
+    for cmd in commands:
+        *group, name = cmd.words
+        where = subparsers
+        if group:
+            if group[0] not in groups:
+                head = subparsers.add_parser(group[0], help=GROUPS[group[0]], description=GROUPS[group[0]])
+                groups[group[0]] = head.add_subparsers(dest="action", metavar="ACTION", required=True)
+                head.tlql_configure = functools.partial(_configure_group, head)  # type: ignore[attr-defined]
+            where = groups[group[0]]
+        parser = where.add_parser(name, help=cmd.help, description=cmd.help)
+        parser.tlql_configure = functools.partial(runner.configure, command=cmd)  # type: ignore[attr-defined]
+
+
+def _configure_group(parser: argparse.ArgumentParser) -> None:
+    for action in subcommands(parser).values():
+        configure(action)
+
+
+def main(argv: list[str] | None = None, commands: tuple[Command, ...] = COMMANDS) -> int:
     """Run ``tlql``. User errors (bad arguments, paths, files, inputs) print one or two lines naming the fix and
     return 2, before any model is loaded where the check allows; ``--debug`` (anywhere) re-raises with the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     argv, max_memory = _pop_max_memory(argv)
-    parser = build_parser(command="")
+    parser = build_parser(command="", commands=commands)
     choices = subcommands(parser)
     name = next((word for word in argv if word in choices), None)  # the subcommand named: configure it alone
-    if name is not None:
-        options_cache.configure_cached(parser, name)
+    if name is not None and hasattr(choices[name], "tlql_configure"):
+        if name in {w for c in commands for w in c.words[:1]}:
+            configure(choices[name])  # configs import no torch: no cache needed
+        else:
+            options_cache.configure_cached(parser, name)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose or debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
@@ -104,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print("(add --debug to see the traceback)", file=sys.stderr)
         return 2
     try:
-        with interrupts.catch_signals(), _output_folder(args):
+        runs_itself = isinstance(args.func, functools.partial)  # the runner checks and locks --out itself
+        with interrupts.catch_signals(), contextlib.nullcontext() if runs_itself else _output_folder(args):
             return int(args.func(args) or 0)
     except InputError as err:
         if debug:
@@ -141,29 +170,18 @@ def _pop_max_memory(argv: list[str]) -> tuple[list[str], str | None]:
 
 @contextlib.contextmanager
 def _output_folder(args: argparse.Namespace) -> Iterator[None]:
-    """Check ``--out`` (a folder that can be created and written, with plain component names, new or empty or written
-    by tlql before: :func:`~tl_query_lens.paths.check_owned`) and hold its lock while the command runs, so two runs never write one folder; a folder this run created and left empty (the
-    command stopped on a user error) is removed again."""
-    from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, folder_lock
+    """``--out`` checked and locked while the command runs (:func:`~tl_query_lens.paths.output_folder`)."""
+    from tl_query_lens.paths import output_folder
     from tl_query_lens.wandb_env import check_wandb_mode
 
-    if getattr(args, "wandb", False):
+    if getattr(args, "wandb", False) is True:
         check_wandb_mode()
     out = getattr(args, "out", None)
     if not isinstance(out, str) or not out:
         yield
         return
-    folder = check_folder(out, "--out")
-    check_owned(folder, "--out")  # a user's own folder is refused before any work: nothing of theirs is overwritten
-    created = not folder.exists()
-    try:
-        with folder_lock(folder, "--out"):
-            yield
-    finally:
-        if created and folder.is_dir() and {p.name for p in folder.iterdir()} <= {LOCK_NAME}:
-            with contextlib.suppress(OSError):
-                (folder / LOCK_NAME).unlink(missing_ok=True)
-                folder.rmdir()
+    with output_folder(out):
+        yield
 
 
 if __name__ == "__main__":

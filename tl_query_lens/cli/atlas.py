@@ -7,8 +7,8 @@ import dataclasses
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary", "out", "corpus", "seed")
 
@@ -32,8 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tl_query_lens.atlas import AtlasConfig, build_atlas
-    from tl_query_lens.cli.checks import check_limits, check_run
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, tracker
+    from tl_query_lens.limits import check_limits
 
     run_cfg = build(RunConfig, args, exclude=RUN_SKIP, out=str(args.out), corpus=args.corpus, seed=args.seed)
     defaults = {f.name: f.default for f in dataclasses.fields(AtlasConfig) if f.default is not dataclasses.MISSING}

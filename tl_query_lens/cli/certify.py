@@ -8,8 +8,8 @@ import math
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN = {"out": "results/certify", "layers": "0,6,12,18,24,29"}
 
@@ -60,11 +60,12 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.certify import protocol
     from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
     from tl_query_lens.certify.sweep import LayerSweep
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.certify_paper import report_paper
-    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.demo_progress import announce, seconds_per_batch
     from tl_query_lens.errors import InputError
+    from tl_query_lens.limits import check_limits, dims_of
     from tl_query_lens.paths import result_names
     from tl_query_lens.ranges import parse_layers
     from tl_query_lens.sources import load_sources, parse_sources

@@ -101,3 +101,37 @@ def as_options(message: str, names: Iterable[str]) -> str:
     if not pattern:
         return message
     return re.sub(rf"(?<![\w.-])({pattern})\b(?!\s*=)", lambda m: option(m[1]), message)
+
+
+def build_config(base: Any, args: argparse.Namespace) -> Any:
+    """``base`` (a config, e.g. a command's preset) with every option given on the command line applied, nested
+    configs included (options made by :func:`~tl_query_lens.cli.options.add_config_options`; not given:
+    :data:`~tl_query_lens.cli.options.NOT_GIVEN`). The configs validate themselves as they are rebuilt.
+
+    Raises:
+        InputError: as :func:`build`, with field names written as options.
+    """
+    from tl_query_lens.cli.options import NOT_GIVEN
+    from tl_query_lens.errors import InputError
+
+    def apply(cfg: Any) -> Any:
+        hints = typing.get_type_hints(type(cfg))
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(cfg):
+            value = getattr(cfg, f.name)
+            if dataclasses.is_dataclass(value) and f.default_factory is not dataclasses.MISSING:
+                rebuilt = apply(value)
+                if rebuilt is not value:
+                    changes[f.name] = rebuilt
+            elif f.init and getattr(args, f.name, NOT_GIVEN) is not NOT_GIVEN:
+                changes[f.name] = convert(getattr(args, f.name), hints[f.name], f.name)
+        if not changes:
+            return cfg
+        try:
+            return dataclasses.replace(cfg, **changes)
+        except InputError as err:
+            raise type(err)(as_options(str(err), changes)) from err
+        except (ValueError, TypeError) as err:
+            raise InputError(as_options(str(err), changes)) from err
+
+    return apply(base)

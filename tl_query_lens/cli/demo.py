@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options, preset_defaults
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 
 @dataclass
@@ -54,8 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from tl_query_lens.cli.checks import check_corpus, check_limits, check_model_name
+    from tl_query_lens.checks import check_corpus, check_model_name
     from tl_query_lens.demo import DemoConfig, run_demo
+    from tl_query_lens.limits import check_limits
     from tl_query_lens.paths import check_folder
 
     options = build(DemoOptions, args)

@@ -175,3 +175,87 @@ def add_options(
             spec.update(metavar=None if choices else _METAVARS.get(kind, "TEXT"))
         parser.add_argument(*flags, **spec)
     return taken
+
+
+class _NotGiven:
+    """The default of every option made by :func:`add_config_options`: the option was not on the command line."""
+
+    def __repr__(self) -> str:
+        return "not given"
+
+
+NOT_GIVEN: Any = _NotGiven()
+
+
+def _preset_text(values: dict[str, Any]) -> str:
+    """``"32"``, or ``"32; --quick: 4"`` where the presets differ."""
+    shown = {how: _shown(v) for how, v in values.items()}
+    if len(set(shown.values())) == 1:
+        return next(iter(shown.values()))
+    return "; ".join(f"{how}: {text}" if how else text for how, text in shown.items())
+
+
+def add_config_options(
+    parser: argparse.ArgumentParser,
+    presets: dict[str, Any],
+    *,
+    skip: Iterable[str] = (),
+    shown: dict[str, str] | None = None,
+    taken: set[str] | None = None,
+) -> set[str]:
+    """An option per field of the config ``presets[""]`` (a nested config's fields too: ``run.model`` is
+    ``--model``); ``presets`` maps how a preset is chosen (``""``, ``"--quick"``) to the config it gives, and the help
+    shows each preset's default. Every option's parsed default is :data:`NOT_GIVEN`, so :func:`~tl_query_lens.cli.
+    configs.build_config` applies exactly the options given on top of the chosen preset. A config class's
+    ``RUN_OPTIONS`` (a tuple of field names) limits which fields of its nested ``run`` are options. Returns the
+    option names taken (a name taken by an earlier config feeds both fields)."""
+    base = presets[""]
+    cls = type(base)
+    hints, helps = typing.get_type_hints(cls), field_help(cls)
+    taken, shown = set(taken or ()), shown or {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or not f.init:
+            continue
+        kind = _unwrap(hints[f.name])[0]
+        values = {how: getattr(cfg, f.name) for how, cfg in presets.items()}
+        if dataclasses.is_dataclass(kind) and f.default_factory is not dataclasses.MISSING:
+            run_options = getattr(cls, "RUN_OPTIONS", None) if f.name == "run" else None
+            nested_skip = set(skip) | (
+                {g.name for g in dataclasses.fields(kind) if g.name not in run_options} if run_options else set()
+            )
+            taken = add_config_options(parser, values, skip=nested_skip, shown=shown, taken=taken)
+            continue
+        if f.name in taken or dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind)):
+            continue
+        taken.add(f.name)
+        text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
+        default = values[""]
+        if kind is bool:
+            flag, const = (option("no_" + f.name), False) if default else (option(f.name), True)
+            differs = len({bool(v) for v in values.values()}) > 1
+            note = f" (default: {_preset_text(values)})" if differs else ""
+            off = f" On by default; {flag} turns it off." if default else ""
+            parser.add_argument(
+                flag, dest=f.name, action="store_const", const=const, default=NOT_GIVEN, help=text + off + note
+            )
+            continue
+        if f.name in shown:
+            note = f"default: {shown[f.name]}"
+        elif all(v is None for v in values.values()):
+            note = "" if ("None" in text or "default" in text) else "default: not set"
+        else:
+            note = f"default: {_preset_text(values)}"
+        spec: dict[str, Any] = {"dest": f.name, "default": NOT_GIVEN, "help": f"{text} ({note})" if note else text}
+        items = _items(kind)
+        if items is not None:
+            either = _flag_or_list(kind)
+            metavars = typing.get_args(items) if typing.get_origin(items) is Literal else ("A", "B")
+            listed = f"{text} (comma-separated; {note})" if note else f"{text} (comma-separated)"
+            spec.update(nargs="?" if either else None, const=True if either else None, action=_Join)
+            spec.update(metavar=",".join(metavars), help=listed)
+        else:
+            choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
+            spec.update(choices=choices, type=kind if kind in (int, float) else str)
+            spec.update(metavar=None if choices else _METAVARS.get(kind, "TEXT"))
+        parser.add_argument(option(f.name), **spec)
+    return taken

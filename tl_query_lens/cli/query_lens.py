@@ -14,8 +14,8 @@ from typing import Literal
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/query_lens", "layers": "18", "features": "0-24", "n_seqs": 8, "seq_len": 32}
@@ -59,12 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli import ql_evaluate
-    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.cli.table1 import run_table1
     from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.errors import InputError
+    from tl_query_lens.limits import check_limits, dims_of
     from tl_query_lens.query_lens.lens import QueryLens
     from tl_query_lens.query_lens.table1 import Table1Config
     from tl_query_lens.ranges import parse_features, parse_layers

@@ -9,9 +9,8 @@ from typing import Any, ClassVar
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
-from tl_query_lens.config import check_ranges
+from tl_query_lens.config import RunConfig, check_ranges
 from tl_query_lens.paths import plain_name
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary", "corpus")
@@ -116,7 +115,7 @@ def run_decompose(args: argparse.Namespace) -> int:
     import torch
 
     from tl_query_lens import readout as ro
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model
     from tl_query_lens.errors import InputError
     from tl_query_lens.hooks import check_hook

@@ -11,8 +11,8 @@ from typing import Any, Literal
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.readout_decompose import DecomposeOptions, load_readout
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN = {"out": "results/readout/eval", "n_seqs": 32, "seq_len": 17}
 RUN_SKIP = ("layers", "features", "dictionary")
@@ -70,7 +70,7 @@ def _baselines(options: EvalOptions) -> dict[str, Any]:
 def run_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.readout import collect_states
     from tl_query_lens.readout.diagnostics_paper import PaperReadoutConfig, readout_diagnostics_paper

@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields
 from tl_query_lens.cli import saes_compare, saes_report
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command, configure
+from tl_query_lens.config import RunConfig
 
 
 @dataclass
@@ -63,7 +63,7 @@ def configure_train(parser: argparse.ArgumentParser) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from tl_query_lens.budget import check_memory
-    from tl_query_lens.cli.checks import check_corpus, check_device, check_model_name
+    from tl_query_lens.checks import check_corpus, check_device, check_model_name
     from tl_query_lens.cli.common import load_model
     from tl_query_lens.ranges import parse_layers
     from tl_query_lens.saes.train import SAESuiteConfig, train_saes

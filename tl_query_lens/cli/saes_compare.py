@@ -10,9 +10,8 @@ from typing import ClassVar
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
-from tl_query_lens.config import check_ranges
+from tl_query_lens.config import RunConfig, check_ranges
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/saes_compare", "layers": "6,12,18,24", "n_seqs": 32, "seq_len": 64}
@@ -68,13 +67,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
     from tl_query_lens.dictionaries.absorption import AbsorptionConfig
     from tl_query_lens.dictionaries.compare import CompareConfig, DictionaryComparison, compare_dictionaries
     from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.errors import InputError
     from tl_query_lens.hooks import hook_layer
+    from tl_query_lens.limits import check_limits, dims_of
     from tl_query_lens.ranges import parse_layers
     from tl_query_lens.sources import load_dictionary, parse_source, release_ids
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN = ("model", "device", "out", "wandb", "wandb_project")
 
@@ -58,7 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tl_query_lens.cli.checks import check_run
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.results import atomic_write_text, read_json
     from tl_query_lens.saes.registry import SAES_RELEASES

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from tl_query_lens.cli.configs import build
-from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import RunConfig
 
 
 def run_table1(
@@ -24,9 +24,10 @@ def run_table1(
     ``tlql query-lens --evaluate`` (its corpus is the operator corpus; the evaluation corpus keeps 512 × 32)."""
     from pathlib import Path
 
-    from tl_query_lens.cli.checks import check_limits, check_run, dims_of
+    from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.errors import InputError
+    from tl_query_lens.limits import check_limits, dims_of
     from tl_query_lens.query_lens import table1
     from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
     from tl_query_lens.ranges import parse_features, parse_layers

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -15,12 +16,16 @@ from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
 from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.interrupts import with_resume
+from tl_query_lens.limits import ModelDims, check_limits, dims_of
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
+from tl_query_lens.ranges import parse_layers
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -358,3 +363,40 @@ def ffkv_summary(
             sparse[layer].ce_delta,
         )
     return FFKVSummary(k=cfg.k, sparse=sparse, dense=dense)
+
+
+def check_ffkv(cfg: Any, dims: ModelDims | None) -> None:
+    """``tlql ffkv`` before the model loads: the layers and the TopK size against the model."""
+    parse_layers(cfg.run.layers, dims.n_layers if dims else None)
+    check_limits(dims, {"--k": (cfg.summary.k, "d_mlp")}, cfg.run.model)
+
+
+def run_ffkv(model: HookedSAETransformer, cfg: Any) -> FFKVSummary:
+    """``tlql ffkv`` (:class:`~tl_query_lens.dictionaries.config.FFKVCommandConfig`): the summary of the FF-KV
+    dictionaries of ``cfg.run.layers`` on the corpus' evaluation split, one layer at a time (an interrupt saves the
+    finished layers under ``--out`` and names the command for the rest); with ``save_dictionaries`` each layer's
+    TopK dictionary in SAELens format under ``<out>/layer<L>/sae``."""
+    run = cfg.run
+    check_limits(dims_of(model), {"--k": (cfg.summary.k, "d_mlp")}, run.model)
+    layers = parse_layers(run.layers, model.cfg.n_layers)
+    tokens = load_corpus(run.corpus, model, n_seqs=run.n_seqs, seq_len=run.seq_len, split="evaluation", seed=run.seed)
+    out = Path(run.out)
+    summary = FFKVSummary(k=cfg.summary.k, sparse={}, dense={})
+    try:
+        for layer in layers:  # one layer at a time: an interrupt keeps the finished ones
+            part = ffkv_summary(model, [layer], tokens, cfg=cfg.summary)
+            summary.sparse.update(part.sparse)
+            summary.dense.update(part.dense)
+    except KeyboardInterrupt as err:
+        left = ",".join(str(layer) for layer in layers if layer not in summary.sparse)
+        if not summary.sparse:
+            raise with_resume(err, "no layer had finished; rerun the same command") from None
+        summary.save(out)
+        raise with_resume(
+            err,
+            f"layers {sorted(summary.sparse)} are saved in {out}; run the rest with --layers {left} and another --out",
+        ) from None
+    if cfg.save_dictionaries:
+        for layer in layers:
+            FFKV.from_model(model, layer, "topk", k=cfg.summary.k).save_model(out / f"layer{layer}" / "sae")
+    return summary

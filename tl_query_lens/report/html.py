@@ -142,8 +142,6 @@ def build_report(
     path: str | Path, sections: list[Section], *, title: str = "tl_query_lens report", subtitle: str = ""
 ) -> Path:
     """Write a single self-contained HTML file (plotly.js inlined once, so it opens offline)."""
-    from plotly.offline import get_plotlyjs
-
     body = [f"<h1>{html.escape(title)}</h1>"]
     if subtitle:
         body.append(f"<p class='muted'>{html.escape(subtitle)}</p>")
@@ -157,9 +155,17 @@ def build_report(
             body.append(figure.to_html(full_html=False, include_plotlyjs=False, default_width="100%"))
         if section.cards:
             body.append("<div class='cards'>" + "".join(_card(c) for c in section.cards) + "</div>")
+    return write_page(path, body, title=title)
+
+
+def write_page(path: str | Path, parts: list[str], *, title: str) -> Path:
+    """A self-contained HTML page of ``parts`` (HTML fragments, e.g. results' ``report_section()``), plotly.js
+    inlined once so it opens offline."""
+    from plotly.offline import get_plotlyjs
+
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
-        f"<body>{''.join(body)}</body></html>"
+        f"<body>{''.join(parts)}</body></html>"
     )
     return atomic_write_text(path, page)

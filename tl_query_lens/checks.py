@@ -6,64 +6,20 @@ without loading it; other models are checked again by the methods once loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_lens.loading_from_pretrained import get_official_model_name
+
 from tl_query_lens import errors
-from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.broad_corpus import read_manifest
+from tl_query_lens.config import RunConfig
 from tl_query_lens.corpus import read_documents
 from tl_query_lens.errors import InputError, MissingFileError
+from tl_query_lens.limits import ModelDims
 from tl_query_lens.models import _ALIASES, EMBEDDED_MODELS, smollm2_config
 from tl_query_lens.paths import check_folder
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """What the checks need of a model: blocks, MLP width (an FF-KV dictionary's), vocabulary, context."""
-
-    n_layers: int
-    d_mlp: int
-    d_vocab: int
-    n_ctx: int
-    d_model: int = 0
-
-
-def dims_of(model: Any) -> ModelDims:
-    """The :class:`ModelDims` of a loaded model (for the same checks after loading a model not known before)."""
-    cfg = model.cfg
-    return ModelDims(int(cfg.n_layers), int(cfg.d_mlp or 0), int(cfg.d_vocab), int(cfg.n_ctx), int(cfg.d_model))
-
-
-_DIM_NAMES = {
-    "n_layers": "layers",
-    "d_mlp": "MLP neurons (the FF-KV width)",
-    "d_vocab": "vocabulary tokens",
-    "n_ctx": "context positions",
-    "d_model": "residual dimensions",
-}
-
-
-def check_limits(dims: ModelDims | None, limits: dict[str, tuple[Any, str]], model: str = "the model") -> None:
-    """Refuse option values above a size of the model: ``{"--k": (k, "d_mlp")}`` needs ``k <= d_mlp`` (``"<n_layers"``
-    for ids: ``< n_layers``). Nothing is checked while ``dims`` is None (a model not loaded yet and not embedded);
-    values None pass. The message names the option, the model's size and what it counts."""
-    if dims is None:
-        return
-    for option, (value, dim) in limits.items():
-        strict = dim.startswith("<")
-        name = dim.lstrip("<")
-        size = getattr(dims, name)
-        values = value if isinstance(value, (tuple, list)) else [value]
-        for item in values:
-            if item is None or not size:
-                continue
-            if item > size or (strict and item >= size):
-                bound = f"< {size}" if strict else f"≤ {size}"
-                raise InputError(
-                    f"{option} {item} is too large for {model}: it has {size} {_DIM_NAMES[name]}, so {option} must "
-                    f"be {bound}."
-                )
+from tl_query_lens.sources import check_ffkv_layer, parse_source
 
 
 def check_corpus(source: str, what: str = "--corpus") -> None:
@@ -72,8 +28,6 @@ def check_corpus(source: str, what: str = "--corpus") -> None:
     if source in ("embedded", "stdlib"):
         return
     if source == "broad":  # installed by `scripts/setup.sh --broad-corpus`; the error names that option
-        from tl_query_lens.broad_corpus import read_manifest
-
         read_manifest()
         return
     path = Path(source).expanduser()
@@ -100,8 +54,6 @@ def check_model_name(name: str) -> ModelDims | None:
     if _ALIASES.get(name.lower(), name.lower()) in EMBEDDED_MODELS:
         cfg = smollm2_config()
         return ModelDims(cfg.n_layers, cfg.d_mlp or 0, cfg.d_vocab, cfg.n_ctx, cfg.d_model)
-    from transformer_lens.loading_from_pretrained import get_official_model_name
-
     try:
         get_official_model_name(name)
     except ValueError:
@@ -127,8 +79,6 @@ def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_le
             check_folder(path, what)
     check_corpus(run.corpus)
     if dims is not None:  # FF-KV layers of --dictionary against the model, before it loads
-        from tl_query_lens.sources import check_ffkv_layer, parse_source
-
         for item in ",".join(run.dictionary or ()).split(","):
             if item.strip().startswith("ffkv"):
                 check_ffkv_layer(parse_source(item), dims.n_layers)

@@ -1,0 +1,23 @@
+"""Every ``tlql`` command, one :class:`~tl_query_lens.command.Command` each (a config and a ``run``)."""
+
+from __future__ import annotations
+
+from tl_query_lens.command import Command
+
+__all__ = ["COMMANDS", "GROUPS"]
+
+#: One line of help per command group (``tlql readout fit``: group ``readout``).
+GROUPS: dict[str, str] = {
+    "readout": "readout SAEs: fit, decompose a score, evaluate against baselines",
+    "saes": "trained SAEs / transcoders of the model and their comparison",
+}
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "ffkv",
+        "summarise FF-KV dictionaries (alive rate, L0, EV, CE change)",
+        config="tl_query_lens.dictionaries.config:FFKVCommandConfig",
+        run="tl_query_lens.dictionaries.splice:run_ffkv",
+        check="tl_query_lens.dictionaries.splice:check_ffkv",
+    ),
+)
