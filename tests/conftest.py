@@ -7,7 +7,8 @@ from tests.helpers import style  # noqa: F401  (fixture)
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# two threads on the 2-core CI machine; OMP_NUM_THREADS=1 where the cores are shared (spinning threads stall)
+torch.set_num_threads(max(1, min(int(os.environ.get("OMP_NUM_THREADS") or 2), os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")
