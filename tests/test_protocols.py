@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+from tl_query_lens.certify.config import ProtocolCertifyConfig
 from tl_query_lens.errors import InputError
 from tl_query_lens.protocols import FORMER_NAMES, NAMES, resolve_protocol
 from tl_query_lens.query_lens.evaluation import EvaluationConfig

@@ -93,6 +93,21 @@ def in_interval(value: float, text: str) -> bool:
     return (lo < value or (lo_in and value == lo)) and (value < hi or (hi_in and value == hi))
 
 
+def check_first_positions(exclude_first_positions: int, seq_len: int) -> None:
+    """Refuse an ``exclude_first_positions`` that leaves no scored next-token prediction in a ``seq_len``-token window.
+
+    Positions ``< exclude_first_positions`` keep the clean activation and are not scored (SAEBench's
+    ``exclude_special_tokens_from_reconstruction``, applied by position because the windows start mid-text); the
+    prediction from position t is scored for t ≥ ``exclude_first_positions``, and the last position has no next token.
+    """
+    if not 0 <= exclude_first_positions < seq_len - 1:
+        raise InputError(
+            f"exclude_first_positions={exclude_first_positions} leaves no position of the {seq_len}-token windows to "
+            f"score (it must be below seq_len − 1 = {seq_len - 1}); use 0, or 1 to keep an attention-sink position 0 "
+            "clean, or longer windows."
+        )
+
+
 def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:
     """Refuse any field of ``cfg`` outside its interval in ``ranges`` (default ``type(cfg).RANGES``).
 

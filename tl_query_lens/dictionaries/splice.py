@@ -14,13 +14,13 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import check_first_positions, check_ranges, resolve_config
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.presentation import Table, numeric_fields
-from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
+from tl_query_lens.primitives import kl_divergence, write_from
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)

@@ -137,3 +137,6 @@ __all__ = [
     "release_name",
     "shipped_releases",
 ]
+
+
+register_releases()  # importing this module registers the releases (the package lists it in its `first` modules)

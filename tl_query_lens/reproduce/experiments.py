@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from sae_lens import SAE
 
-from tl_query_lens.certify.protocol import ProtocolCertification, ProtocolCertifyConfig, certify_protocol
+from tl_query_lens.certify.config import ProtocolCertifyConfig
+from tl_query_lens.certify.protocol import ProtocolCertification, certify_protocol
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV

@@ -22,11 +22,11 @@ from sae_lens import SAE, HookedSAETransformer
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from tl_query_lens.config import check_ranges
+from tl_query_lens.config import check_first_positions, check_ranges
 from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.hooks import check_hook, hook_layer
 from tl_query_lens.presentation import Table
-from tl_query_lens.primitives import check_first_positions, write_from
+from tl_query_lens.primitives import write_from
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
