@@ -31,7 +31,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.dictionaries.splice import FFKVSummaryConfig
+    from tl_query_lens.dictionaries.config import FFKVSummaryConfig
 
     taken = add_options(parser, RunConfig, skip=("features", "dictionary"), defaults=RUN)
     add_options(parser, FFKVSummaryConfig, taken=add_options(parser, FFKVOptions, taken=taken))
@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tl_query_lens.cli.checks import check_limits, check_run, dims_of
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
+    from tl_query_lens.dictionaries.config import FFKVSummaryConfig
     from tl_query_lens.dictionaries.ffkv import FFKV
-    from tl_query_lens.dictionaries.splice import FFKVSummary, FFKVSummaryConfig, ffkv_summary
+    from tl_query_lens.dictionaries.splice import FFKVSummary, ffkv_summary
     from tl_query_lens.interrupts import with_resume
     from tl_query_lens.ranges import parse_layers
 
