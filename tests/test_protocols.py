@@ -11,7 +11,7 @@ import pytest
 from tl_query_lens.certify.config import ProtocolCertifyConfig
 from tl_query_lens.errors import InputError
 from tl_query_lens.protocols import FORMER_NAMES, NAMES, resolve_protocol
-from tl_query_lens.query_lens.evaluation import EvaluationConfig
+from tl_query_lens.query_lens.config import EvaluationConfig
 from tl_query_lens.readout import protocols as readout_protocols
 from tl_query_lens.readout.cross_lens_paper import CrossLensConfig
 

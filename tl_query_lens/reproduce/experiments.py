@@ -20,9 +20,9 @@ from tl_query_lens.certify.protocol import ProtocolCertification, certify_protoc
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV
+from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS, Table1Config
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
-from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
-from tl_query_lens.query_lens.table1 import Table1Config, evaluate_table1
+from tl_query_lens.query_lens.table1 import evaluate_table1
 from tl_query_lens.readout import collect_states
 from tl_query_lens.readout.protocols.paper import PaperReadoutConfig, PaperReadoutDiagnostics, readout_diagnostics_paper
 from tl_query_lens.results import SavableResult
