@@ -173,7 +173,8 @@ def test_unfinished_dictionaries_are_not_packed(shipped):
 
 
 def test_capped_readout_fit_takes_its_own_id():
-    from tl_query_lens.readout.fit import ReadoutFit, ReadoutFitConfig
+    from tl_query_lens.readout.config import ReadoutFitConfig
+    from tl_query_lens.readout.fit import ReadoutFit
 
     cfg = ReadoutFitConfig.preset("small")
     capped = ReadoutFit(sae=None, config=cfg, seconds=1.0, final={"steps": 139})  # type: ignore[arg-type]

@@ -24,7 +24,8 @@ from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS, Table1Config
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.table1 import evaluate_table1
 from tl_query_lens.readout import collect_states
-from tl_query_lens.readout.protocols.paper import PaperReadoutConfig, PaperReadoutDiagnostics, readout_diagnostics_paper
+from tl_query_lens.readout.config import PaperReadoutConfig
+from tl_query_lens.readout.protocols.paper import PaperReadoutDiagnostics, readout_diagnostics_paper
 from tl_query_lens.results import SavableResult
 from tl_query_lens.sources import load_dictionary, load_sources, parse_sources
 
