@@ -16,9 +16,10 @@ import tl_query_lens.saes  # noqa: F401  (registers the release and the transcod
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.dictionaries.splice import splice_metrics
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.saes.config import SAESuiteConfig
 from tl_query_lens.saes.registry import SAES_RELEASES, parse_sae_id, sae_id
 from tl_query_lens.saes.report import suite_quality
-from tl_query_lens.saes.train import SAESuiteConfig, ShuffledEpochs, train_saes
+from tl_query_lens.saes.train import ShuffledEpochs, train_saes
 from tl_query_lens.saes.transcoder import (
     FastTopKTrainingSAE,
     TopKTrainingTranscoder,
