@@ -22,11 +22,14 @@ import numbers
 import re
 import typing
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tl_query_lens.errors import InputError, InputTypeError
 
 C = TypeVar("C")
+
+#: The splits of a corpus (:func:`~tl_query_lens.corpus.load_corpus`): disjoint by a hash of each document.
+Split = Literal["train", "calibration", "evaluation"]
 
 
 def nested_configs(cls: type) -> dict[str, type]:
