@@ -279,6 +279,18 @@ def check_folder(path: str | Path, what: str = "--out") -> Path:
     return folder
 
 
+def shipped_root() -> Path:
+    """Folder of the releases shipped inside the package (``tl_query_lens/release``)."""
+    return Path(__file__).resolve().parent / "release"
+
+
+def shipped_ids(folder: Path) -> list[str]:
+    """The dictionary ids of a shipped release folder (its subfolders holding a ``cfg.json``; none if it is absent)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / "cfg.json").is_file())
+
+
 def _repository_root() -> Path:
     """The folder that holds the package's source tree (the repository root of a checkout)."""
     return Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ import dataclasses
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary", "out", "corpus", "seed")
 

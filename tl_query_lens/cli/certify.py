@@ -8,8 +8,8 @@ import math
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN = {"out": "results/certify", "layers": "0,6,12,18,24,29"}
 

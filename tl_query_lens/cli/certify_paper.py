@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import RunConfig
 
 PAPER_COLUMNS = [
     "N",

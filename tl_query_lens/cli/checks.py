@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tl_query_lens import errors
-from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import RunConfig
 from tl_query_lens.corpus import read_documents
 from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.models import _ALIASES, EMBEDDED_MODELS, smollm2_config

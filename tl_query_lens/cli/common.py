@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tl_query_lens import corpus, models
-from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import RunConfig
 from tl_query_lens.tracking import Tracker
 
 

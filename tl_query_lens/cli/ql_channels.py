@@ -6,8 +6,8 @@ import argparse
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN = {"out": "results/ql_channels", "layers": "18", "n_seqs": 2, "seq_len": 32}
 ALIASES = {"layers": "--sources", "n_seqs": "--op-seqs", "seq_len": "--op-seq-len"}  # the names the command had

@@ -9,9 +9,8 @@ from typing import Any, ClassVar
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
-from tl_query_lens.config import check_ranges
+from tl_query_lens.config import RunConfig, check_ranges
 
 RUN: dict[str, Any] = {"out": "results/ql_eval", "layers": "6,12,18,24", "n_seqs": 512, "seq_len": 32}
 

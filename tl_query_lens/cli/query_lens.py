@@ -14,8 +14,8 @@ from typing import Literal
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/query_lens", "layers": "18", "features": "0-24", "n_seqs": 8, "seq_len": 32}

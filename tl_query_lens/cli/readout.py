@@ -10,8 +10,8 @@ from typing import Literal
 from tl_query_lens.cli import readout_decompose, readout_eval
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options, preset_defaults
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command, configure
+from tl_query_lens.config import RunConfig
 from tl_query_lens.paths import plain_name
 
 RUN_SKIP = ("n_seqs", "seq_len", "layers", "features", "dictionary")

@@ -11,8 +11,8 @@ from typing import Any, Literal
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
 from tl_query_lens.cli.readout_decompose import DecomposeOptions, load_readout
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
+from tl_query_lens.config import RunConfig
 
 RUN = {"out": "results/readout/eval", "n_seqs": 32, "seq_len": 17}
 RUN_SKIP = ("layers", "features", "dictionary")

@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields
 from tl_query_lens.cli import saes_compare, saes_report
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command, configure
+from tl_query_lens.config import RunConfig
 
 
 @dataclass

@@ -10,9 +10,8 @@ from typing import ClassVar
 
 from tl_query_lens.cli.configs import build
 from tl_query_lens.cli.options import add_options
-from tl_query_lens.cli.run import RunConfig
 from tl_query_lens.cli.subcommand import command
-from tl_query_lens.config import check_ranges
+from tl_query_lens.config import RunConfig, check_ranges
 
 logger = logging.getLogger(__name__)
 RUN = {"out": "results/saes_compare", "layers": "6,12,18,24", "n_seqs": 32, "seq_len": 64}

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from tl_query_lens.cli.configs import build
-from tl_query_lens.cli.run import RunConfig
+from tl_query_lens.config import RunConfig
 
 
 def run_table1(

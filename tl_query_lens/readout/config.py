@@ -9,6 +9,9 @@ from typing import ClassVar, Literal
 from tl_query_lens.config import check_ranges
 from tl_query_lens.protocols import ProtocolName, resolve_protocol
 
+#: Prefix of the readout releases' names (``tlql-readout-<model>``, :data:`~tl_query_lens.readout.registry.READOUT_RELEASES`).
+RELEASE_PREFIX = "tlql-readout-"
+
 Preset = Literal["small", "paper", "cpu"]
 
 

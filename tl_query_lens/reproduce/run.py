@@ -31,8 +31,9 @@ from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import CorruptFileError, MissingFileError, check_json_shape
 from tl_query_lens.models import weights_fingerprint
+from tl_query_lens.paths import shipped_root
 from tl_query_lens.presentation import Table
-from tl_query_lens.releases import shipped_only, shipped_root
+from tl_query_lens.releases import shipped_only
 from tl_query_lens.reproduce import rows as row_table
 from tl_query_lens.reproduce.config import ReproduceConfig
 from tl_query_lens.reproduce.experiments import EXPERIMENTS, check_experiments
