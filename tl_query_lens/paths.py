@@ -34,6 +34,11 @@ from typing import IO, Any
 
 from tl_query_lens.errors import InputError, LockedError, write_error, write_error_of
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: the folder lock degrades to none
+    fcntl = None  # type: ignore[assignment]
+
 MAX_NAME_BYTES = 200  # file systems allow 255 bytes a component; leave room for suffixes such as ".safetensors"
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -176,9 +181,7 @@ def folder_lock(folder: str | Path, what: str = "--out", *, name: str = LOCK_NAM
     except OSError as err:
         raise write_error(folder, err) from err
     try:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
+        if fcntl is None:  # pragma: no cover - Windows
             yield folder
             return
         try:

@@ -43,8 +43,10 @@ from sae_lens.saes.sae import str_to_dtype
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tl_query_lens.errors import CorruptFileError, MissingFileError, check_device, check_json_shape
+from tl_query_lens.errors import CorruptFileError, MissingFileError, check_json_shape
+from tl_query_lens.models import cache_dir
 from tl_query_lens.paths import plain_name, shipped_ids, shipped_root
+from tl_query_lens.tensor_checks import check_device
 
 QUANTISED_WEIGHTS = "sae_weights.int8.safetensors"
 MANIFEST = "manifest.json"
@@ -213,8 +215,6 @@ class LocalReleases:
         return self.prefix + model_name
 
     def root(self) -> Path:
-        from tl_query_lens.models import cache_dir
-
         return cache_dir() / self.cache_subdir
 
     def cached_path(self, model_name: str, sae_id: str) -> Path:

@@ -37,13 +37,14 @@ from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import check_first_positions, resolve_config
 from tl_query_lens.corpus import check_disjoint, corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.errors import InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.paths import check_folder
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.query_lens.evaluation import model_passes
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_outputs
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tl_query_lens import errors
+from tl_query_lens import tensor_checks
 from tl_query_lens.config import RunConfig
 from tl_query_lens.corpus import read_documents
 from tl_query_lens.errors import InputError, MissingFileError
@@ -113,8 +113,8 @@ def check_model_name(name: str) -> ModelDims | None:
 
 
 def check_device(device: str | None) -> None:
-    """``--device``: a torch device that exists here (see :func:`tl_query_lens.errors.check_device`)."""
-    errors.check_device(device, "--device")
+    """``--device``: a torch device that exists here (see :func:`tl_query_lens.tensor_checks.check_device`)."""
+    tensor_checks.check_device(device, "--device")
 
 
 def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_lens: int | None) -> ModelDims | None:

@@ -18,11 +18,12 @@ from tl_query_lens.config import check_first_positions, resolve_config
 from tl_query_lens.dictionaries.config import FFKVSummaryConfig
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.errors import InputError
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import kl_divergence, write_from
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_outputs
 
 logger = logging.getLogger(__name__)
 

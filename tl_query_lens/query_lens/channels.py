@@ -26,12 +26,13 @@ from transformer_lens import HookedTransformer
 
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError, check_finite
+from tl_query_lens.errors import InputError
 from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.operators import module_operators
 from tl_query_lens.presentation import Table
 from tl_query_lens.query_lens.config import ChannelConfig, SubspaceChannelsConfig
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_finite
 
 logger = logging.getLogger(__name__)
 

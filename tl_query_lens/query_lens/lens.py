@@ -44,13 +44,13 @@ from transformer_lens.components import LayerNorm, LayerNormPre
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
-from tl_query_lens.errors import check_outputs
 from tl_query_lens.hooks import downstream_modules, hook_layer
 from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
 from tl_query_lens.operators.engine import basis_fingerprint, check_tokens, check_value_source
 from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
 from tl_query_lens.query_lens.config import BASES, SIGNATURE_METHODS, Basis, QueryLensConfig
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
+from tl_query_lens.tensor_checks import check_outputs
 
 logger = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ import torch
 from jaxtyping import Float, Int
 
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import check_dictionary_finite
 from tl_query_lens.presentation import Table
 from tl_query_lens.readout.config import CrossLensConfig
 from tl_query_lens.readout.cross_lens import jacobian_lens
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_dictionary_finite
 
 BANK_FILE = "cross_lens_prompts_en.json"
 # The authors' mid band on their model is layers 21/24/26/29 (late-middle); the same depth fractions here.
