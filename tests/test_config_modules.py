@@ -34,7 +34,9 @@ def test_config_modules_import_no_heavy_library():
         + f"print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, cwd=REPOSITORY)
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, cwd=REPOSITORY
+    )
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == [], f"importing the config modules loaded {loaded}: a config module imports a heavy module"
