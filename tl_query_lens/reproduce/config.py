@@ -16,7 +16,7 @@ class ReproduceConfig:
         size: ``"full"``: the sizes the docs document (hours on a 2-core CPU); ``"quick"``: a reduced version of
             every experiment (minutes), compared with the documented quick run.
         experiments: run only these experiments (empty: all); names from ``tl_query_lens.reproduce.EXPERIMENTS``
-            (checked by :func:`~tl_query_lens.reproduce.experiments.check_experiments` before the first runs).
+            (checked by :func:`~tl_query_lens.reproduce.run.check_experiments` before the first runs).
         out: folder of the experiments' results and of the table (CSV and markdown).
         record: write this run's figures into the package's ``documented.json`` as the documented values of
             ``size`` (for maintainers, after checking them; the docs quote that file).

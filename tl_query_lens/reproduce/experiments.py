@@ -20,7 +20,6 @@ from tl_query_lens.certify.protocol import ProtocolCertification, certify_protoc
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV
-from tl_query_lens.errors import InputError
 from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS, Table1Config
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.table1 import evaluate_table1
@@ -236,14 +235,3 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
     )
 }
-
-
-def check_experiments(names: tuple[str, ...] | list[str]) -> None:
-    """Refuse a name that is not in :data:`EXPERIMENTS` (``ReproduceConfig.experiments``).
-
-    Raises:
-        InputError: the unknown names, with the valid ones.
-    """
-    unknown = [name for name in names if name not in EXPERIMENTS]
-    if unknown:
-        raise InputError(f"Unknown experiments {unknown}; choose from {list(EXPERIMENTS)}.")

@@ -29,14 +29,14 @@ from typing import Any, ClassVar
 
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import CorruptFileError, MissingFileError, check_json_shape
+from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, check_json_shape
 from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.paths import shipped_root
 from tl_query_lens.presentation import Table
 from tl_query_lens.releases import shipped_only
 from tl_query_lens.reproduce import rows as row_table
 from tl_query_lens.reproduce.config import ReproduceConfig
-from tl_query_lens.reproduce.experiments import EXPERIMENTS, check_experiments
+from tl_query_lens.reproduce.experiments import EXPERIMENTS
 from tl_query_lens.reproduce.rows import Row, rows_for
 from tl_query_lens.results import SavableResult, atomic_write_text, read_json
 
@@ -211,6 +211,17 @@ def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float
     atomic_write_text(marker, json.dumps(record))
     print(f"[{name}] done in {seconds[name]:.0f} s", flush=True)
     return result
+
+
+def check_experiments(names: tuple[str, ...] | list[str]) -> None:
+    """Refuse a name that is not in :data:`EXPERIMENTS` (``ReproduceConfig.experiments``).
+
+    Raises:
+        InputError: the unknown names, with the valid ones.
+    """
+    unknown = [name for name in names if name not in EXPERIMENTS]
+    if unknown:
+        raise InputError(f"Unknown experiments {unknown}; choose from {list(EXPERIMENTS)}.")
 
 
 def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Reproduction:
