@@ -10,12 +10,12 @@ import torch
 from sae_lens import SAE, HookedSAETransformer
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
-import tl_query_lens.saes  # noqa: F401  (registers the suite releases and the transcoder class)
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens import releases
 from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.paths import shipped_root
 from tl_query_lens.readout.registry import READOUT_RELEASES
+from tl_query_lens.saes import TopKTranscoder  # noqa: F401  (a first name used registers the releases and the class)
 from tl_query_lens.saes.registry import SAES_RELEASES
 from tl_query_lens.saes.release import pack_release
 
