@@ -27,7 +27,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tl_query_lens import FFKV, load_corpus, load_model
-    from tl_query_lens.certify.certify import CertifyConfig, certify_many
+    from tl_query_lens.certify.certify import certify_many
+    from tl_query_lens.certify.config import CertifyConfig
     from tl_query_lens.certify.losses import PassTimes, Splice
 
     model = load_model("smollm2-135m", device="cpu")

@@ -170,7 +170,7 @@ def check_settings(settings: list[CertifySettings]) -> None:
 def compute_cell(settings: CertifySettings, folder: Path, *, model=None) -> dict[str, Any]:
     """One paper-protocol certification with ``settings``; the full result goes to ``folder/certification``."""
     from tl_query_lens import load_model
-    from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+    from tl_query_lens.certify.config import ProtocolCertifyConfig
     from tl_query_lens.releases import shipped_only
     from tl_query_lens.reproduce.experiments import certify_sources
 

@@ -14,8 +14,8 @@ import logging
 from sae_lens import SAE
 
 from tl_query_lens import load_corpus, load_model
-from tl_query_lens.readout import baselines as bl
 from tl_query_lens.readout import collect_states
+from tl_query_lens.readout.config import BASELINE_ORDER
 from tl_query_lens.readout.evaluate import evaluate_readout
 from tl_query_lens.tracking import Tracker
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--sae-id", default="cpu")
     parser.add_argument("--n-seqs", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=17)
-    parser.add_argument("--baselines", default=",".join(bl.BASELINE_ORDER))
+    parser.add_argument("--baselines", default=",".join(BASELINE_ORDER))
     parser.add_argument("--kmeans-widths", default=None, help="two widths, e.g. 288,576 (default: width/4, width)")
     parser.add_argument("--kmeans-iters", type=int, default=10)
     parser.add_argument("--ridge-k", type=int, default=None, help="centroids per row in k-means + ridge (default k)")

@@ -107,6 +107,7 @@ def compute_cell(name: str, args: argparse.Namespace, folder: Path) -> dict[str,
 
     from tl_query_lens import load_corpus, load_model
     from tl_query_lens.readout import collect_states
+    from tl_query_lens.readout.config import ReadoutFitConfig
     from tl_query_lens.readout.cross_lens_paper import (
         cross_lens_prompts,
         final_residuals,
@@ -114,7 +115,7 @@ def compute_cell(name: str, args: argparse.Namespace, folder: Path) -> dict[str,
         mid_band_layers,
     )
     from tl_query_lens.readout.diagnostics_paper import readout_diagnostics_paper
-    from tl_query_lens.readout.fit import ReadoutFitConfig, fit_readout
+    from tl_query_lens.readout.fit import fit_readout
 
     seed, threads = parse_cell(name)
     torch.set_num_threads(threads)

@@ -70,7 +70,7 @@ class SweepSettings:
         sweep_dtype / sweep_autocast: the operator sweeps' precision (``EngineConfig``; default fp32).
         basis: ``Table1Config.basis``: ``"identity"`` (full operators) or ``"features"`` (only the 52 sampled
             features' directions through the engine; the same signatures up to rounding, ~11x fewer passes).
-        extra: further :class:`~tl_query_lens.query_lens.table1.Table1Config` fields (e.g. ``methods``, ``baselines``).
+        extra: further :class:`~tl_query_lens.query_lens.config.Table1Config` fields (e.g. ``methods``, ``baselines``).
     """
 
     maxact_corpus: str = "embedded"
@@ -158,7 +158,7 @@ _NOUNS = (
 def sweep_prompts(n: int) -> tuple[str, ...]:
     """``n`` neutral prompts: the package's six (``NEUTRAL_PROMPTS``), then short openers "<determiner> <noun>"
     (8 × 12 = 96 of them, in a fixed shuffled order), so 100 prompts are available."""
-    from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+    from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS
 
     openers = [f"{s} {n_}" for s, n_ in itertools.product(_SUBJECTS, _NOUNS)]
     random.Random(0).shuffle(openers)
@@ -195,7 +195,8 @@ def compute_cell(settings: SweepSettings, folder: Path, *, model=None, cache: Pa
 
     from tl_query_lens import load_corpus, load_model
     from tl_query_lens.operators import EngineConfig
-    from tl_query_lens.query_lens.table1 import PAPER_GPT2, Table1Config, evaluate_table1
+    from tl_query_lens.query_lens.config import Table1Config
+    from tl_query_lens.query_lens.table1 import PAPER_GPT2, evaluate_table1
     from tl_query_lens.sources import load_sources, parse_sources
 
     model = model if model is not None else load_model(settings.model, device=settings.device)

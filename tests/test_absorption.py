@@ -7,12 +7,8 @@ import torch
 from sae_lens import StandardSAE, StandardSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 
-from tl_query_lens.dictionaries.absorption import (
-    LETTERS,
-    AbsorptionConfig,
-    FirstLetterActivations,
-    first_letter_absorption,
-)
+from tl_query_lens.dictionaries.absorption import LETTERS, FirstLetterActivations, first_letter_absorption
+from tl_query_lens.dictionaries.config import AbsorptionConfig
 
 HOOK = "blocks.0.hook_resid_post"
 N_TRAIN, N_TEST = 30, 40  # words per letter; one stray test word moves F1 by less than the 0.03 split threshold

@@ -371,7 +371,7 @@ def test_default_lists_the_shipped_suite_under_the_models_own_name(tmp_path, mon
     An empty user cache: dictionaries a user trained there are listed too, and are not what this test is about."""
     monkeypatch.setenv("TLQL_CACHE", str(tmp_path))
     from tl_query_lens.atlas.dictionaries import expand_specs
-    from tl_query_lens.releases import shipped_root
+    from tl_query_lens.paths import shipped_root
 
     shipped = sorted(p.parent.name for p in (shipped_root() / "tlql-saes-smollm2-135m").glob("*/cfg.json"))
     assert len(shipped) == 9  # four residual SAEs and four transcoders (layers 6/12/18/24), the layer-28 SAE

@@ -3,6 +3,7 @@ bars, tables that scroll instead of overflowing, and links into the atlas."""
 
 import re
 
+from tl_query_lens.demo_config import DemoConfig
 from tl_query_lens.report.html import FeatureCard, Section, TokenList, build_report
 from tl_query_lens.report.tokens import display_token, readable
 
@@ -70,7 +71,7 @@ def test_demo_cards_link_into_an_atlas_of_their_features(tmp_path, monkeypatch):
 
     monkeypatch.setattr(demo, "load_corpus", tokens)
     monkeypatch.setattr(atlas_build, "load_corpus", tokens)
-    cfg = demo.DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, atlas_tokens=24 * 64, operator_cache=tmp_path)
+    cfg = DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, atlas_tokens=24 * 64, operator_cache=tmp_path)
     with Tracker(tmp_path / "run", name="t", use_wandb=False) as tracker:
         section, np_path = demo._query_lens_step(model, cfg, tracker)
     assert len(section.cards) == 3
@@ -108,7 +109,7 @@ def test_report_card_and_atlas_page_show_the_same_module_shares(tmp_path, monkey
 
     monkeypatch.setattr(demo, "load_corpus", tokens)
     monkeypatch.setattr(demo, "build_atlas", lambda *a, **k: SimpleNamespace(out=tmp_path))  # no signatures there
-    cfg = demo.DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, operator_cache=tmp_path / "ops")
+    cfg = DemoConfig.quick(out=tmp_path, ql_layer=1, n_features=3, operator_cache=tmp_path / "ops")
     with Tracker(tmp_path / "run", name="t", use_wandb=False) as tracker:
         section, _ = demo._query_lens_step(model, cfg, tracker)
     cards = {int(c.title.rsplit(" ", 1)[1]): c.module_shares for c in section.cards}

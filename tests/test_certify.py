@@ -346,7 +346,7 @@ def test_bad_options_are_refused():
 
 @pytest.mark.parametrize("first", [9, 10, 12])
 def test_excluding_every_scored_position_is_refused_with_the_fix(first):
-    from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+    from tl_query_lens.certify.config import ProtocolCertifyConfig
 
     model = tiny_model("gelu_ln")
     cal, ev = tiny_tokens(model, 4, 10, seed=1), tiny_tokens(model, 20, 10, seed=2)

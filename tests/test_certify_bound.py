@@ -13,7 +13,8 @@ from tl_query_lens.certify.bound import (
     loss_range_bits,
     min_sequences,
 )
-from tl_query_lens.certify.certify import Certificate, CertifyConfig, build_certificate
+from tl_query_lens.certify.certify import Certificate, build_certificate
+from tl_query_lens.certify.config import CertifyConfig
 from tl_query_lens.certify.losses import ProxyLosses
 
 # Hand example: |V| = 3, α = 1/2  →  Δ = log₂(1 + (1/2)·3/(1/2)) = log₂ 4 = 2.

@@ -8,7 +8,8 @@ import tl_query_lens as tq
 from tests.helpers import tiny_model, tiny_tokens
 from tests.test_certify import _sae, topk_abs
 from tl_query_lens.certify import losses
-from tl_query_lens.certify.protocol import ProtocolCertifyConfig, certify_protocol
+from tl_query_lens.certify.config import ProtocolCertifyConfig
+from tl_query_lens.certify.protocol import certify_protocol
 from tl_query_lens.certify.sweep import certify_layers
 from tl_query_lens.errors import InputError
 

@@ -8,15 +8,10 @@ import torch
 
 from tests.helpers import tiny_model
 from tl_query_lens import FFKV
-from tl_query_lens.certify.certify import CertifyConfig, build_certificate
+from tl_query_lens.certify.certify import build_certificate
+from tl_query_lens.certify.config import CertifyConfig, ProtocolCertifyConfig
 from tl_query_lens.certify.losses import ProxyLosses
-from tl_query_lens.certify.protocol import (
-    ProtocolCertification,
-    ProtocolCertifyConfig,
-    abs_gap_densities,
-    certify_protocol,
-    protocol_row,
-)
+from tl_query_lens.certify.protocol import ProtocolCertification, abs_gap_densities, certify_protocol, protocol_row
 from tl_query_lens.corpus import document_split
 from tl_query_lens.documents import one_window_per_document
 

@@ -19,8 +19,7 @@ from tl_query_lens.cli.options import field_help
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import InputError
 from tl_query_lens.operators import EngineConfig
-from tl_query_lens.query_lens.lens import QueryLensConfig
-from tl_query_lens.query_lens.table1 import Table1Config
+from tl_query_lens.query_lens.config import QueryLensConfig, Table1Config
 
 SKIPPED_PACKAGES = ("tl_query_lens.cli", "tl_query_lens.__main__")  # the CLI builds configs from options
 
@@ -156,7 +155,7 @@ def test_keywords_reach_the_nested_engine_config():
 
 def test_the_flat_engine_options_of_a_config_still_work_with_a_deprecation_warning():
     """The spelling before EngineConfig: ``Table1Config(chunk=16)`` is ``Table1Config(engine=EngineConfig(chunk=16))``."""
-    from tl_query_lens.query_lens.channels import SubspaceChannelsConfig
+    from tl_query_lens.query_lens.config import SubspaceChannelsConfig
 
     with pytest.warns(DeprecationWarning, match=r"engine=EngineConfig\(chunk=16, cache_dir='ops'\)"):
         old = Table1Config(chunk=16, cache_dir="ops")

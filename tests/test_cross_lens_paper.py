@@ -6,8 +6,8 @@ import torch
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.operators import value_operators
 from tl_query_lens.readout import fit_readout
+from tl_query_lens.readout.config import CrossLensConfig
 from tl_query_lens.readout.cross_lens_paper import (
-    CrossLensConfig,
     CrossLensPromptResult,
     DominantFeatures,
     bank_states,

@@ -3,7 +3,7 @@ warning naming the option that shrinks a step estimated over a minute."""
 
 import logging
 
-from tl_query_lens.demo import DemoConfig
+from tl_query_lens.demo_config import DemoConfig
 from tl_query_lens.demo_progress import Progress, clock, step_estimates
 
 

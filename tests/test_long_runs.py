@@ -250,7 +250,7 @@ def test_table1_sweep_cell_and_report_on_a_tiny_model(word_model, tmp_path):
 
 def test_sweep_prompts_and_the_broad_check(tmp_path, monkeypatch):
     sweep = load("table1_sweep")
-    from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+    from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS
 
     prompts = sweep.sweep_prompts(100)
     assert len(set(prompts)) == 100 and prompts[: len(NEUTRAL_PROMPTS)] == tuple(NEUTRAL_PROMPTS)

@@ -24,11 +24,11 @@ from tl_query_lens.errors import (
     InputTypeError,
     NonFiniteError,
     OutOfRangeError,
-    check_outputs,
 )
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.ranges import parse_floats, parse_layers, parse_ranges
+from tl_query_lens.tensor_checks import check_outputs
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 MODEL = tiny_model("gelu_ln")  # d_vocab 61, n_ctx 32, 3 layers

@@ -8,12 +8,12 @@ import importlib
 
 import pytest
 
-from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+from tl_query_lens.certify.config import ProtocolCertifyConfig
 from tl_query_lens.errors import InputError
 from tl_query_lens.protocols import FORMER_NAMES, NAMES, resolve_protocol
-from tl_query_lens.query_lens.evaluation import EvaluationConfig
+from tl_query_lens.query_lens.config import EvaluationConfig
 from tl_query_lens.readout import protocols as readout_protocols
-from tl_query_lens.readout.cross_lens_paper import CrossLensConfig
+from tl_query_lens.readout.config import CrossLensConfig
 
 METHODS = ("query_lens", "readout", "certify")
 

@@ -7,7 +7,8 @@ import torch
 
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens import FFKV, as_key_value
-from tl_query_lens.query_lens.evaluation import EvaluationConfig, evaluate_signatures
+from tl_query_lens.query_lens.config import EvaluationConfig
+from tl_query_lens.query_lens.evaluation import evaluate_signatures
 from tl_query_lens.query_lens.paper_protocol import (
     input_scores_paper,
     integer_alphas,

@@ -24,6 +24,7 @@ from tl_query_lens.readout import (
     vocab_mean_contrast,
 )
 from tl_query_lens.readout import baselines as bl
+from tl_query_lens.readout.config import BASELINE_ORDER
 from tl_query_lens.readout.diagnostics import ablation_regression, evaluate_reconstruction
 from tl_query_lens.readout.sae import unembedding_rows
 
@@ -219,7 +220,7 @@ def test_evaluate_readout_runs_every_baseline(fitted, tmp_path):
     model, tokens, fit = fitted["gated_rms"]
     bank = collect_states(model, tokens)
     report = evaluate_readout(model, fit.sae, bank, ablation_states=10, n_boot=20)
-    assert set(report.baselines) == set(bl.BASELINE_ORDER)
+    assert set(report.baselines) == set(BASELINE_ORDER)
     with Tracker(tmp_path, use_wandb=False) as tracker:
         tracker.log_table("readout_vs_baselines", *report.table())
     assert (tmp_path / "readout_vs_baselines.csv").exists()

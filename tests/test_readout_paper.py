@@ -8,9 +8,8 @@ import torch.nn.functional as F
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.readout import baselines as bl
 from tl_query_lens.readout import collect_states, fit_readout
+from tl_query_lens.readout.config import OWN_VARIANTS, PAPER_BASELINES
 from tl_query_lens.readout.diagnostics_paper import (
-    OWN_VARIANTS,
-    PAPER_BASELINES,
     PaperReadoutDiagnostics,
     _pool,
     contrast_scores,

@@ -10,11 +10,12 @@ import torch
 from sae_lens import SAE, HookedSAETransformer
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
-import tl_query_lens.saes  # noqa: F401  (registers the suite releases and the transcoder class)
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens import releases
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.paths import shipped_root
 from tl_query_lens.readout.registry import READOUT_RELEASES
+from tl_query_lens.saes import TopKTranscoder  # noqa: F401  (a first name used registers the releases and the class)
 from tl_query_lens.saes.registry import SAES_RELEASES
 from tl_query_lens.saes.release import pack_release
 
@@ -173,7 +174,8 @@ def test_unfinished_dictionaries_are_not_packed(shipped):
 
 
 def test_capped_readout_fit_takes_its_own_id():
-    from tl_query_lens.readout.fit import ReadoutFit, ReadoutFitConfig
+    from tl_query_lens.readout.config import ReadoutFitConfig
+    from tl_query_lens.readout.fit import ReadoutFit
 
     cfg = ReadoutFitConfig.preset("small")
     capped = ReadoutFit(sae=None, config=cfg, seconds=1.0, final={"steps": 139})  # type: ignore[arg-type]
@@ -183,7 +185,7 @@ def test_capped_readout_fit_takes_its_own_id():
     assert ReadoutFitConfig.preset("cpu") == cfg  # the old preset name still works
 
 
-SHIPPED_SUITE = releases.shipped_root() / "tlql-saes-smollm2-135m"
+SHIPPED_SUITE = shipped_root() / "tlql-saes-smollm2-135m"
 
 
 @pytest.mark.skipif(not SHIPPED_SUITE.is_dir(), reason="no release packed in this checkout")
@@ -201,7 +203,7 @@ def test_the_shipped_release_loads_offline_and_verifies():
     readout = SAE.from_pretrained("tlql-readout-smollm2-135m", "small")
     assert readout.cfg.d_in == 576
     manifest = json.loads((SHIPPED_SUITE / "manifest.json").read_text())
-    total = sum(p.stat().st_size for p in Path(releases.shipped_root()).rglob("*") if p.is_file())  # the whole release
+    total = sum(p.stat().st_size for p in Path(shipped_root()).rglob("*") if p.is_file())  # the whole release
     assert total <= 56_000_000 and all(e["bytes"] <= 25_000_000 for e in manifest["files"].values())
     assert READOUT_RELEASES.shipped_ids("smollm2-135m") == ["small"]
 

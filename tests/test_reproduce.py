@@ -125,13 +125,17 @@ def test_an_experiment_whose_corpus_is_missing_is_skipped_with_the_install_comma
     assert not again.skipped and again.rows[0]["value"] == 0.5
 
 
-def test_unknown_experiment_and_size_are_refused():
+def test_unknown_experiment_and_size_are_refused(tmp_path):
+    """An unknown size is refused by the config; an unknown experiment by ``reproduce`` before it writes or runs
+    anything (the model is not touched: None stands for it)."""
     from tl_query_lens.errors import InputError
+    from tl_query_lens.reproduce.config import ReproduceConfig
 
     with pytest.raises(InputError, match="choose from"):
-        rr.ReproduceConfig(experiments=("nope",))
+        rr.reproduce(None, ReproduceConfig(experiments=("nope",), out=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
     with pytest.raises(InputError, match="quick"):
-        rr.ReproduceConfig(size="medium")  # type: ignore[arg-type]
+        ReproduceConfig(size="medium")  # type: ignore[arg-type]
 
 
 def test_every_real_row_names_an_experiment_and_a_reader():

@@ -12,13 +12,13 @@ from sae_lens import SAE
 from sae_lens.saes.sae import TrainStepInput
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 
-import tl_query_lens.saes  # noqa: F401  (registers the release and the transcoder class)
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.dictionaries.splice import splice_metrics
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.saes.config import SAESuiteConfig
 from tl_query_lens.saes.registry import SAES_RELEASES, parse_sae_id, sae_id
 from tl_query_lens.saes.report import suite_quality
-from tl_query_lens.saes.train import SAESuiteConfig, ShuffledEpochs, train_saes
+from tl_query_lens.saes.train import ShuffledEpochs, train_saes
 from tl_query_lens.saes.transcoder import (
     FastTopKTrainingSAE,
     TopKTrainingTranscoder,
@@ -149,7 +149,7 @@ def test_train_then_load_in_fresh_process_and_splice(cache, tmp_path):
     script = f"""
 import torch
 from sae_lens import SAE, HookedSAETransformer
-import tl_query_lens.saes
+from tl_query_lens.saes import TopKTranscoder  # a first name used registers the releases and the class
 from tests.helpers import tiny_config
 saved = torch.load({str(tmp_path / "model.pt")!r})
 model = HookedSAETransformer(tiny_config("gated_rms"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from transformer_lens.loading_from_pretrained import get_official_model_name
 
-from tl_query_lens import errors
+from tl_query_lens import tensor_checks
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import RunConfig
 from tl_query_lens.corpus import read_documents
@@ -65,8 +65,8 @@ def check_model_name(name: str) -> ModelDims | None:
 
 
 def check_device(device: str | None) -> None:
-    """``--device``: a torch device that exists here (see :func:`tl_query_lens.errors.check_device`)."""
-    errors.check_device(device, "--device")
+    """``--device``: a torch device that exists here (see :func:`tl_query_lens.tensor_checks.check_device`)."""
+    tensor_checks.check_device(device, "--device")
 
 
 def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_lens: int | None) -> ModelDims | None:

@@ -12,6 +12,9 @@ field, the value and the range. ``None`` passes (it means "the default" wherever
 of numbers are checked item by item. ``tests/test_config_ranges.py`` checks that every numeric field of every config
 the command line builds has a range and that values outside it are refused. Cross-field rules (``k <= d_sae``) stay
 in ``__post_init__``. This module imports nothing heavy: configs are built before torch is loaded.
+
+:class:`RunConfig` holds what every ``tlql`` analysis shares and no method's config holds: the model, corpus, sizes,
+output and W&B.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import re
 import typing
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from tl_query_lens.errors import InputError, InputTypeError
 
 C = TypeVar("C")
+
+#: The splits of a corpus (:func:`~tl_query_lens.corpus.load_corpus`): disjoint by a hash of each document.
+Split = Literal["train", "calibration", "evaluation"]
 
 
 def nested_configs(cls: type) -> dict[str, type]:
@@ -92,6 +98,21 @@ def in_interval(value: float, text: str) -> bool:
     """Whether the finite number ``value`` lies in the interval ``text``."""
     lo, hi, lo_in, hi_in = parse_interval(text)
     return (lo < value or (lo_in and value == lo)) and (value < hi or (hi_in and value == hi))
+
+
+def check_first_positions(exclude_first_positions: int, seq_len: int) -> None:
+    """Refuse an ``exclude_first_positions`` that leaves no scored next-token prediction in a ``seq_len``-token window.
+
+    Positions ``< exclude_first_positions`` keep the clean activation and are not scored (SAEBench's
+    ``exclude_special_tokens_from_reconstruction``, applied by position because the windows start mid-text); the
+    prediction from position t is scored for t ≥ ``exclude_first_positions``, and the last position has no next token.
+    """
+    if not 0 <= exclude_first_positions < seq_len - 1:
+        raise InputError(
+            f"exclude_first_positions={exclude_first_positions} leaves no position of the {seq_len}-token windows to "
+            f"score (it must be below seq_len − 1 = {seq_len - 1}); use 0, or 1 to keep an attention-sink position 0 "
+            "clean, or longer windows."
+        )
 
 
 def check_ranges(cfg: Any, ranges: dict[str, str] | None = None) -> None:

@@ -19,19 +19,18 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 import torch
 from jaxtyping import Int
 
 from tl_query_lens.broad_corpus import broad_documents
+from tl_query_lens.config import Split
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, UnavailableError
 from tl_query_lens.models import cache_dir
 from tl_query_lens.paths import atomic_write
 
 logger = logging.getLogger(__name__)
 
-Split = Literal["train", "calibration", "evaluation"]
 # Documents go to a split by a hash of their text, so splits are disjoint whatever n_seqs or seed is asked for.
 # 60/20/20 so that certification finds >= 1000 evaluation sequences of 32 tokens in the embedded corpus.
 SPLIT_SHARES: dict[str, tuple[int, int]] = {"train": (0, 60), "calibration": (60, 80), "evaluation": (80, 100)}

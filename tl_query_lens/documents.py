@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
-from tl_query_lens.corpus import SPLIT_SHARES, Split, _get_tokenizer, document_split, read_documents
+from tl_query_lens.config import Split
+from tl_query_lens.corpus import SPLIT_SHARES, _get_tokenizer, document_split, read_documents
 from tl_query_lens.results import SavableResult
 
 

@@ -34,6 +34,11 @@ from typing import IO, Any
 
 from tl_query_lens.errors import InputError, LockedError, write_error, write_error_of
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: the folder lock degrades to none
+    fcntl = None  # type: ignore[assignment]
+
 MAX_NAME_BYTES = 200  # file systems allow 255 bytes a component; leave room for suffixes such as ".safetensors"
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -176,9 +181,7 @@ def folder_lock(folder: str | Path, what: str = "--out", *, name: str = LOCK_NAM
     except OSError as err:
         raise write_error(folder, err) from err
     try:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
+        if fcntl is None:  # pragma: no cover - Windows
             yield folder
             return
         try:
@@ -296,6 +299,18 @@ def check_folder(path: str | Path, what: str = "--out") -> Path:
     if top in (("/", "proc"), ("/", "sys")):
         raise InputError(f"{what} {folder} is under /{top[1]}, which holds no files of ours; choose another folder.")
     return folder
+
+
+def shipped_root() -> Path:
+    """Folder of the releases shipped inside the package (``tl_query_lens/release``)."""
+    return Path(__file__).resolve().parent / "release"
+
+
+def shipped_ids(folder: Path) -> list[str]:
+    """The dictionary ids of a shipped release folder (its subfolders holding a ``cfg.json``; none if it is absent)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / "cfg.json").is_file())
 
 
 def _repository_root() -> Path:

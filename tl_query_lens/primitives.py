@@ -1,7 +1,7 @@
 """Shared primitives: every method reads these, none re-writes them.
 
 Splicing at a hook (:func:`splice_hooks`), keeping the first positions of every window clean
-(:func:`check_first_positions`, :func:`write_from`), re-running from a cached clean residual (:func:`clean_run`,
+(:func:`write_from`; the check of how many is :func:`tl_query_lens.config.check_first_positions`), re-running from a cached clean residual (:func:`clean_run`,
 :func:`run_from_residual`), TopK (:func:`topk_mask`, :func:`topk_relu`, :func:`topk_relu_codes`), KL
 (:func:`kl_divergence`), top-k id-set overlap (:func:`row_jaccard`), where a truncated forward pass may stop (:func:`stop_layer`), percentile bootstraps
 (:func:`bootstrap_indices`, :func:`mean_ci`, :func:`cluster_bootstrap`) and the readout SAE's μ / a_t row
@@ -18,7 +18,6 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import InputError
 from tl_query_lens.hooks import (
     hook_layer,
     stop_layer,  # noqa: F401  (re-exported: it lives beside hook_layer now)
@@ -44,21 +43,6 @@ def splice_hooks(read_hook: str, write_hook: str, edit: Edit) -> list[tuple[str,
         return edit(captured.pop("x"), act)
 
     return [(read_hook, read), (write_hook, write)]
-
-
-def check_first_positions(exclude_first_positions: int, seq_len: int) -> None:
-    """Refuse an ``exclude_first_positions`` that leaves no scored next-token prediction in a ``seq_len``-token window.
-
-    Positions ``< exclude_first_positions`` keep the clean activation and are not scored (SAEBench's
-    ``exclude_special_tokens_from_reconstruction``, applied by position because the windows start mid-text); the
-    prediction from position t is scored for t ≥ ``exclude_first_positions``, and the last position has no next token.
-    """
-    if not 0 <= exclude_first_positions < seq_len - 1:
-        raise InputError(
-            f"exclude_first_positions={exclude_first_positions} leaves no position of the {seq_len}-token windows to "
-            f"score (it must be below seq_len − 1 = {seq_len - 1}); use 0, or 1 to keep an attention-sink position 0 "
-            "clean, or longer windows."
-        )
 
 
 def write_from(first: int, written: torch.Tensor, act: torch.Tensor) -> torch.Tensor:

@@ -43,8 +43,10 @@ from sae_lens.saes.sae import str_to_dtype
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tl_query_lens.errors import CorruptFileError, MissingFileError, check_device, check_json_shape
-from tl_query_lens.paths import plain_name
+from tl_query_lens.errors import CorruptFileError, MissingFileError, check_json_shape
+from tl_query_lens.models import cache_dir
+from tl_query_lens.paths import plain_name, shipped_ids, shipped_root
+from tl_query_lens.tensor_checks import check_device
 
 QUANTISED_WEIGHTS = "sae_weights.int8.safetensors"
 MANIFEST = "manifest.json"
@@ -66,11 +68,6 @@ def shipped_only() -> Iterator[None]:
         yield
     finally:
         _SHIPPED_ONLY.reset(token)
-
-
-def shipped_root() -> Path:
-    """Folder of the releases shipped inside the package (``tl_query_lens/release``)."""
-    return Path(__file__).resolve().parent / "release"
 
 
 def quantise_state(state: dict[str, torch.Tensor], d_sae: int) -> dict[str, torch.Tensor]:
@@ -218,8 +215,6 @@ class LocalReleases:
         return self.prefix + model_name
 
     def root(self) -> Path:
-        from tl_query_lens.models import cache_dir
-
         return cache_dir() / self.cache_subdir
 
     def cached_path(self, model_name: str, sae_id: str) -> Path:
@@ -241,10 +236,7 @@ class LocalReleases:
 
     def shipped_ids(self, model_name: str) -> list[str]:
         """Ids packed into the package for ``model_name`` (folders holding a ``cfg.json``)."""
-        folder = self.shipped_dir(model_name)
-        if not folder.is_dir():
-            return []
-        return sorted(p.name for p in folder.iterdir() if (p / "cfg.json").is_file())
+        return shipped_ids(self.shipped_dir(model_name))
 
     def available_ids(self, model_name: str) -> list[str]:
         """Every id that loads without a hub: shipped and cached."""

@@ -7,7 +7,29 @@
 See docs/atlas.md.
 """
 
-from tl_query_lens.atlas.build import AtlasResult, DictionaryQuality, build_atlas, load_any_result
-from tl_query_lens.atlas.config import AtlasConfig
+from __future__ import annotations
 
-__all__ = ["AtlasConfig", "AtlasResult", "DictionaryQuality", "build_atlas", "load_any_result"]
+from typing import TYPE_CHECKING
+
+from tl_query_lens.lazy import lazy_package
+
+_EXPORTS = {
+    "AtlasConfig": "tl_query_lens.atlas.config",
+    "AtlasResult": "tl_query_lens.atlas.build",
+    "DictionaryQuality": "tl_query_lens.atlas.build",
+    "build_atlas": "tl_query_lens.atlas.build",
+    "load_any_result": "tl_query_lens.atlas.build",
+}
+__all__ = [
+    "AtlasConfig",
+    "AtlasResult",
+    "DictionaryQuality",
+    "build_atlas",
+    "load_any_result",
+]
+
+if TYPE_CHECKING:
+    from tl_query_lens.atlas.build import AtlasResult, DictionaryQuality, build_atlas, load_any_result
+    from tl_query_lens.atlas.config import AtlasConfig
+
+__getattr__ = lazy_package(__name__, _EXPORTS)

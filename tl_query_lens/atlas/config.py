@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tl_query_lens.config import check_ranges
-from tl_query_lens.corpus import Split
-from tl_query_lens.report.neuronpedia import BOT_CREATOR, VISIBILITIES
+from tl_query_lens.config import Split, check_ranges
 
 QUICK_LAYER = 20  # the one FF-KV layer of the quick atlas
+#: The bot user of Neuronpedia's database seed (``apps/webapp/prisma/seed.ts``), present on every fresh instance.
+BOT_CREATOR = "clkht01d40000jv08hvalcvly"
+#: The visibilities of a Neuronpedia release, model, source set and source.
+VISIBILITIES = ("PUBLIC", "UNLISTED", "PRIVATE")
 
 
 @dataclass

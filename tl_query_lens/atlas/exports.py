@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from tl_query_lens.atlas.cards import cantor, feature_card, place, uncantor
+from tl_query_lens.atlas.config import BOT_CREATOR
 from tl_query_lens.atlas.records import sig_round
 from tl_query_lens.atlas.site import read_shard
 from tl_query_lens.report.neuronpedia import (
-    BOT_CREATOR,
     Release,
     SourceRows,
     activation_row,

@@ -31,19 +31,20 @@ from tl_query_lens.certify.bound import (
     loss_range_bits,
     min_sequences,
 )
-from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Rule, Splice, first_firing, proxy_pass
+from tl_query_lens.certify.config import CertifyConfig
+from tl_query_lens.certify.losses import PassTimes, ProxyLosses, Splice, first_firing, proxy_pass
 from tl_query_lens.certify.plots import bound_vs_n_figure
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import check_first_positions, resolve_config
 from tl_query_lens.corpus import check_disjoint, corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.errors import InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.paths import check_folder
 from tl_query_lens.presentation import Table, numeric_fields
-from tl_query_lens.primitives import check_first_positions
 from tl_query_lens.query_lens.evaluation import model_passes
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -156,69 +157,6 @@ class Certificate(SavableResult):
     def figures(self) -> dict[str, Any]:
         """``bound_vs_N``: U at each scheduled N, with log₂|V|."""
         return {"bound_vs_N": bound_vs_n_figure({"proxy": self})}
-
-
-@dataclass
-class CertifyConfig:
-    """Options of :func:`certify` (validated).
-
-    Attributes:
-        k: TopK size at evaluation. delta: failure probability. alpha: loss smoothing weight.
-        rule: ``"topk"`` or ``"native"`` (see :class:`~tl_query_lens.certify.losses.Splice`).
-        n_schedule: prefix sizes of the evaluation split for the curve (default: geometric from 25 to N).
-        batch_size: sequences per forward pass.
-        exclude_first_positions: n; positions < n of every window (calibration and evaluation) are neither spliced
-            (the proxy keeps the clean activation there) nor scored in any term: the losses behind R̂, ε̂ and the
-            direct bound average the T−1−n predictions from positions n..T−2, and G* and η̂'s support test read
-            positions ≥ n. N still counts windows. SAEBench's ``exclude_special_tokens_from_reconstruction`` by
-            position: use 1 for dictionaries trained without position 0 (the tlql-saes suite; SmolLM2's position 0 is
-            an attention sink).
-        checkpoint_dir: folder where the evaluation pass saves its per-window losses as it goes (about once a
-            minute), in a file keyed by the model's and dictionaries' weights, the pools, the windows and the loss
-            options; a rerun that matches resumes after the last saved window (with any batch_size). None: nothing
-            is saved (``tlql certify``: ``<out>/partial``). The calibration pass saves its progress there too.
-        pool_sizes: calibration sizes n below the calibration split's own; each (unshuffled) proxy is also certified
-            with the pool G* of the first n calibration windows only, from the same two passes (the pool-size
-            curve: :func:`certify_many`).
-        autocast: run the calibration and evaluation passes under bf16 autocast on the model's device (matrix
-            products in bf16; weights, the residual stream and the losses in fp32). Measure what it moves first:
-            TopK sets can change at the k-th place, so the pool and η̂ can too.
-    """
-
-    k: int = 64
-    delta: float = 0.05
-    alpha: float = 0.5
-    rule: Rule = "topk"
-    n_schedule: list[int] | None = None
-    batch_size: int = 16
-    exclude_first_positions: int = 0
-    checkpoint_dir: str | None = None
-    pool_sizes: tuple[int, ...] = ()
-    autocast: bool = False
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "pool_sizes": "[1, inf)",
-        "k": "[1, inf)",
-        "delta": "[1e-300, 1)",  # below it ln(6/delta) overflows: no bound is finite
-        "alpha": "(0, 1)",
-        "n_schedule": "[1, inf)",
-        "batch_size": "[1, inf)",
-        "exclude_first_positions": "[0, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        if self.exclude_first_positions < 0:
-            raise InputError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
-        if not 1e-300 <= self.delta < 1:  # smaller: ln(6/delta) overflows and the bound is infinite
-            raise InputError(f"delta must lie in [1e-300, 1) (delta must be in [1e-300, 1)), got {self.delta}.")
-        if not 0 < self.alpha < 1:
-            raise InputError(f"alpha must lie strictly between 0 and 1 (alpha must be in (0, 1)), got {self.alpha}.")
-        if self.rule not in ("topk", "native"):
-            raise InputError(f"rule must be 'topk' or 'native', got {self.rule!r}.")
-        if self.k < 1 or self.batch_size < 1:
-            raise InputError("k and batch_size must be positive.")
-        self.pool_sizes = tuple(sorted(set(self.pool_sizes)))
-        check_ranges(self)
 
 
 def check_inputs(

@@ -21,7 +21,6 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -29,6 +28,7 @@ from sae_lens import SAE
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
+from tl_query_lens.certify.config import Rule
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.hooks import hook_layer
@@ -45,8 +45,6 @@ from tl_query_lens.primitives import (
 from tl_query_lens.results import read_tensors, write_tensors
 
 logger = logging.getLogger(__name__)
-
-Rule = Literal["topk", "native"]
 
 
 @dataclass

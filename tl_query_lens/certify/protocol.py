@@ -19,20 +19,17 @@ from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.certify.bound import hoeffding_coefficient, log_binomial
-from tl_query_lens.certify.certify import Certificate, CertifyConfig, certificate_prefix
-from tl_query_lens.certify.losses import Rule
+from tl_query_lens.certify.certify import Certificate, certificate_prefix
+from tl_query_lens.certify.config import ProtocolCertifyConfig
 from tl_query_lens.certify.protocols import PROTOCOLS
 from tl_query_lens.certify.sweep import LayerSweep, certify_layers
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.presentation import Table, numeric_fields
-from tl_query_lens.primitives import check_first_positions
-from tl_query_lens.protocols import ProtocolName, resolve_protocol
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
 
-CertifyProtocol = ProtocolName
 HEADLINE: dict[str, str] = {name: module.HEADLINE for name, module in PROTOCOLS.items()}
 
 
@@ -114,93 +111,6 @@ def abs_gap_densities(gaps: list[torch.Tensor], *, bins: int) -> tuple[torch.Ten
         counts = torch.histc(g.abs().double(), bins=bins, min=0.0, max=float(edges[-1]))
         rows.append(counts / (counts.sum() * width))
     return edges, torch.stack(rows) if rows else torch.zeros(0, bins, dtype=torch.float64)
-
-
-@dataclass
-class ProtocolCertifyConfig:
-    """Options of :func:`certify_protocol`.
-
-    Attributes:
-        protocol: ``"paper"`` or ``"tlql"`` (formerly ``"fixed-pool"``; module docstring).
-        n_cal: calibration windows (build the pool G*; both protocols cut them from the calibration stream); None:
-            every window of the corpus' calibration split (the authors' scale: 70,000 windows of 32 tokens).
-        pool_sizes: smaller calibration sizes whose pools are certified too, from the same passes (the pool-size
-            curve; rows labelled ``"<label> n_cal=<n>"``; :func:`~tl_query_lens.certify.certify.certify_many`).
-        autocast: bf16 autocast for the model passes (:class:`~tl_query_lens.certify.certify.CertifyConfig`).
-        n_eval: evaluation windows; ``None`` = every eligible document (paper) or 1000 windows (tlql).
-        seq_len: tokens per window.
-        k: TopK size of the proxy at evaluation. delta: failure probability of the bound. alpha: loss smoothing
-            weight. rule: 'topk' or 'native' splice. batch_size: sequences per forward pass (as in
-            :class:`~tl_query_lens.certify.certify.CertifyConfig`).
-        shuffle: add the feature-shuffle ablation: for every proxy (True), or for the proxies with these labels.
-        seed: corpus draws and the shuffle permutation.
-        bins: bins of the |gap| densities.
-        exclude_first_positions: positions < n of every window neither spliced nor scored, as in
-            :class:`~tl_query_lens.certify.certify.CertifyConfig` (N still counts windows).
-        checkpoint_dir: where the evaluation pass saves its progress, so a stopped run resumes (as in
-            :class:`~tl_query_lens.certify.certify.CertifyConfig`).
-    """
-
-    protocol: CertifyProtocol = "paper"
-    n_cal: int | None = 1000
-    n_eval: int | None = None
-    seq_len: int = 32
-    k: int = 64
-    delta: float = 0.05
-    alpha: float = 0.5
-    rule: Rule = "topk"
-    batch_size: int = 16
-    shuffle: bool | tuple[str, ...] = False
-    seed: int = 0
-    bins: int = 40
-    exclude_first_positions: int = 0
-    checkpoint_dir: str | None = None
-    pool_sizes: tuple[int, ...] = ()
-    autocast: bool = False
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "n_cal": "[1, inf)",
-        "n_eval": "[1, inf)",
-        "seq_len": "[1, inf)",
-        "k": "[1, inf)",
-        "delta": "[1e-300, 1)",  # below it ln(6/delta) overflows: no bound is finite
-        "alpha": "(0, 1)",
-        "batch_size": "[1, inf)",
-        "seed": "[0, 4294967295]",
-        "bins": "[1, inf)",
-        "exclude_first_positions": "[0, inf)",
-        "pool_sizes": "[1, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
-        if not isinstance(self.shuffle, bool):
-            self.shuffle = tuple(self.shuffle)
-        self.pool_sizes = tuple(self.pool_sizes)
-        self.certify_config()  # the options every certificate shares are validated once, by CertifyConfig
-        check_ranges(self)
-        check_first_positions(self.exclude_first_positions, self.seq_len)
-        if (
-            self.bins < 1
-            or (self.n_cal is not None and self.n_cal < 1)
-            or (self.n_eval is not None and self.n_eval < 1)
-        ):
-            raise ValueError("bins, n_cal and n_eval must be positive.")
-
-    def certify_config(self) -> CertifyConfig:
-        """The :class:`CertifyConfig` of every certificate."""
-        names = (
-            "k",
-            "delta",
-            "alpha",
-            "rule",
-            "batch_size",
-            "exclude_first_positions",
-            "checkpoint_dir",
-            "pool_sizes",
-            "autocast",
-        )
-        return CertifyConfig(**{name: getattr(self, name) for name in names})
 
 
 @dataclass

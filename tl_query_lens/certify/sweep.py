@@ -12,7 +12,8 @@ from jaxtyping import Int
 from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.certify.certify import Certificate, CertifyConfig, certify_many
+from tl_query_lens.certify.certify import Certificate, certify_many
+from tl_query_lens.certify.config import CertifyConfig
 from tl_query_lens.certify.losses import PassTimes, Splice
 from tl_query_lens.certify.plots import bound_vs_n_figure, gap_distribution_figure
 from tl_query_lens.config import resolve_config
@@ -151,7 +152,7 @@ def certify_layers(
         shuffle: also certify each proxy (True) or the proxies with these labels under one seeded permutation of
             feature ids (:func:`shuffle_ablation`).
         seed: the permutation seed.
-        cfg / overrides: the :class:`~tl_query_lens.certify.certify.CertifyConfig` of every certificate, as in
+        cfg / overrides: the :class:`~tl_query_lens.certify.config.CertifyConfig` of every certificate, as in
             :func:`~tl_query_lens.certify.certify.certify`. With ``pool_sizes``, ``certificates`` also holds
             ``"<label> n_cal=<n>"``: the proxy with the pool of the first n calibration windows (same passes).
     """

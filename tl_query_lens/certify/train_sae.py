@@ -2,7 +2,7 @@
 
 :func:`train_sae` is a thin front to :func:`tl_query_lens.saes.train.train_saes` (SAELens' ``MultiSAETrainer`` over a
 cached activation pass, seeded shuffled epochs, checkpoints and resume): a :class:`SAETrainSpec` becomes an
-:class:`~tl_query_lens.saes.train.SAESuiteConfig` for one residual SAE. Nothing touches a hub; the SAE is written in
+:class:`~tl_query_lens.saes.config.SAESuiteConfig` for one residual SAE. Nothing touches a hub; the SAE is written in
 SAELens' inference format (``SAE.load_from_disk`` reads it back).
 
 Departures from the suite's defaults, so that a certification SAE sees what certification scores: every position of
@@ -32,8 +32,9 @@ from tl_query_lens.corpus import load_corpus
 from tl_query_lens.errors import InputError
 from tl_query_lens.hooks import check_hook
 from tl_query_lens.models import cache_dir
+from tl_query_lens.saes.config import SAESuiteConfig
 from tl_query_lens.saes.registry import sae_id
-from tl_query_lens.saes.train import SAESuiteConfig, train_saes
+from tl_query_lens.saes.train import train_saes
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.certify.protocol import ProtocolCertifyConfig
+    from tl_query_lens.certify.config import ProtocolCertifyConfig
 
     taken = add_options(parser, RunConfig, skip=("n_seqs", "seq_len", "features"), defaults=RUN)
     add_options(

@@ -29,7 +29,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.demo import DemoConfig
+    from tl_query_lens.demo_config import DemoConfig
 
     run = ("model", "corpus", "seed", "out", "wandb")
     taken = add_options(
@@ -55,7 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     from tl_query_lens.checks import check_corpus, check_model_name
-    from tl_query_lens.demo import DemoConfig, run_demo
+    from tl_query_lens.demo import run_demo
+    from tl_query_lens.demo_config import DemoConfig
     from tl_query_lens.limits import check_limits
     from tl_query_lens.paths import check_folder
 

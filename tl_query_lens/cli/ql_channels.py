@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.query_lens.channels import SubspaceChannelsConfig
+    from tl_query_lens.query_lens.config import SubspaceChannelsConfig
 
     taken = add_options(parser, RunConfig, skip=("features", "dictionary"), defaults=RUN, aliases=ALIASES)
     # its seed (the fits') keeps its default
@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.dictionaries.ffkv import FFKV
-    from tl_query_lens.query_lens.channels import SubspaceChannelsConfig, subspace_channels
+    from tl_query_lens.query_lens.channels import subspace_channels
+    from tl_query_lens.query_lens.config import SubspaceChannelsConfig
     from tl_query_lens.ranges import parse_layers
 
     start = time.time()

@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.query_lens.table1 import Table1Config
+    from tl_query_lens.query_lens.config import Table1Config
 
     taken = add_options(parser, Table1Options, taken=add_options(parser, RunConfig, defaults=RUN))
     shown = {"cache_dir": "<--out>/operators", "checkpoint_dir": "<--out>/parts"}

@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.query_lens.table1 import Table1Config
+    from tl_query_lens.query_lens.config import Table1Config
 
     taken = add_options(parser, RunConfig, skip=("dictionary",), defaults=RUN)
     shown = {  # --evaluate runs ql-evaluate's Table 1, which keeps both under --out
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.errors import InputError
     from tl_query_lens.limits import check_limits, dims_of
+    from tl_query_lens.query_lens.config import Table1Config
     from tl_query_lens.query_lens.lens import QueryLens
-    from tl_query_lens.query_lens.table1 import Table1Config
     from tl_query_lens.ranges import parse_features, parse_layers
 
     run_cfg, options = build(RunConfig, args), build(QueryLensOptions, args)

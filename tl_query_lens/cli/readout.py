@@ -56,7 +56,7 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_fit(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.readout.fit import ReadoutFitConfig
+    from tl_query_lens.readout.config import ReadoutFitConfig
 
     run = add_options(parser, RunConfig, skip=RUN_SKIP, defaults={"out": "results/readout/fit"})
     taken = add_options(parser, FitOptions, taken=run, shown={"sae_id": "the preset's name", "save": "the user cache"})
@@ -76,7 +76,8 @@ def run_fit(args: argparse.Namespace) -> int:
     from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, tracker
     from tl_query_lens.paths import folder_lock
-    from tl_query_lens.readout.fit import ReadoutFitConfig, fit_readout
+    from tl_query_lens.readout.config import ReadoutFitConfig
+    from tl_query_lens.readout.fit import fit_readout
     from tl_query_lens.readout.registry import cached_sae_path
 
     run_cfg, options = build(RunConfig, args, exclude=RUN_SKIP), build(FitOptions, args)

@@ -40,8 +40,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.readout.diagnostics_paper import PaperReadoutConfig
-    from tl_query_lens.readout.evaluate import ReadoutEvalConfig
+    from tl_query_lens.readout.config import PaperReadoutConfig, ReadoutEvalConfig
 
     taken = add_options(parser, RunConfig, skip=RUN_SKIP, defaults=RUN)
     taken = add_options(parser, DecomposeOptions, taken=taken, skip=("hook", "position", "top"))
@@ -54,8 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _baselines(options: EvalOptions) -> dict[str, Any]:
     from tl_query_lens.errors import InputError
-    from tl_query_lens.readout.baselines import BASELINE_ORDER
-    from tl_query_lens.readout.diagnostics_paper import OWN_VARIANTS, PAPER_BASELINES
+    from tl_query_lens.readout.config import BASELINE_ORDER, OWN_VARIANTS, PAPER_BASELINES
 
     chosen = tuple(b for b in (options.baselines or "").split(",") if b)
     known = PAPER_BASELINES + OWN_VARIANTS if options.protocol == "paper" else BASELINE_ORDER
@@ -73,8 +71,9 @@ def run_eval(args: argparse.Namespace) -> int:
     from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.readout import collect_states
-    from tl_query_lens.readout.diagnostics_paper import PaperReadoutConfig, readout_diagnostics_paper
-    from tl_query_lens.readout.evaluate import ReadoutEvalConfig, evaluate_readout
+    from tl_query_lens.readout.config import PaperReadoutConfig, ReadoutEvalConfig
+    from tl_query_lens.readout.diagnostics_paper import readout_diagnostics_paper
+    from tl_query_lens.readout.evaluate import evaluate_readout
     from tl_query_lens.readout.registry import describe_fit_source, fit_source, release_name
 
     run_cfg, options, sae = build(RunConfig, args), build(EvalOptions, args), build(DecomposeOptions, args)

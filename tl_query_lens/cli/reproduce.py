@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.reproduce.run import ReproduceConfig
+    from tl_query_lens.reproduce.config import ReproduceConfig
 
     run = ("model", "device", "wandb", "wandb_project")
     taken = add_options(parser, RunConfig, skip=[f.name for f in fields(RunConfig) if f.name not in run])
@@ -44,7 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run_reproduce(args: argparse.Namespace) -> int:
     from tl_query_lens.cli.common import load_model, tracker
-    from tl_query_lens.reproduce.run import ReproduceConfig, reproduce
+    from tl_query_lens.reproduce.config import ReproduceConfig
+    from tl_query_lens.reproduce.run import reproduce
 
     options = build(ReproduceOptions, args)
     cfg = build(ReproduceConfig, args, size="quick" if options.quick else "full")

@@ -51,7 +51,7 @@ def print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 
 def configure_train(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.saes.train import SAESuiteConfig
+    from tl_query_lens.saes.config import SAESuiteConfig
 
     device = [f.name for f in fields(RunConfig) if f.name != "device"]
     taken = add_options(parser, RunConfig, skip=device, defaults={"device": "cpu"})
@@ -66,7 +66,8 @@ def run_train(args: argparse.Namespace) -> int:
     from tl_query_lens.checks import check_corpus, check_device, check_model_name
     from tl_query_lens.cli.common import load_model
     from tl_query_lens.ranges import parse_layers
-    from tl_query_lens.saes.train import SAESuiteConfig, train_saes
+    from tl_query_lens.saes.config import SAESuiteConfig
+    from tl_query_lens.saes.train import train_saes
 
     cfg = build(SAESuiteConfig, args, n_seqs=args.n_seqs or None)  # --n-seqs 0: every window of the train split
     run_cfg = build(RunConfig, args, exclude=("n_seqs", "seq_len"), model=cfg.model, corpus=cfg.corpus, seed=cfg.seed)

@@ -50,8 +50,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.dictionaries.absorption import AbsorptionConfig
-    from tl_query_lens.dictionaries.compare import CompareConfig
+    from tl_query_lens.dictionaries.config import AbsorptionConfig, CompareConfig
 
     taken = add_options(parser, RunConfig, skip=("features", "dictionary"), defaults=RUN)
     taken = add_options(
@@ -69,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, print_rows, tracker
-    from tl_query_lens.dictionaries.absorption import AbsorptionConfig
-    from tl_query_lens.dictionaries.compare import CompareConfig, DictionaryComparison, compare_dictionaries
+    from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
+    from tl_query_lens.dictionaries.config import AbsorptionConfig, CompareConfig
     from tl_query_lens.dictionaries.ffkv import FFKV
     from tl_query_lens.errors import InputError
     from tl_query_lens.hooks import hook_layer

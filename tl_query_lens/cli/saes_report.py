@@ -47,7 +47,7 @@ def add_parser(subparsers) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tl_query_lens.saes.report import SAEReportConfig
+    from tl_query_lens.saes.config import SAEReportConfig
 
     skip = [f.name for f in fields(RunConfig) if f.name not in RUN]
     taken = add_options(parser, RunConfig, skip=skip, defaults={"device": "cpu", "out": "results/saes_report"})
@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from tl_query_lens.checks import check_run
     from tl_query_lens.cli.common import load_model, load_tokens, tracker
     from tl_query_lens.results import atomic_write_text, read_json
+    from tl_query_lens.saes.config import SAEReportConfig
     from tl_query_lens.saes.registry import SAES_RELEASES
-    from tl_query_lens.saes.report import SAEReportConfig, add_training_window_alive, suite_quality
+    from tl_query_lens.saes.report import add_training_window_alive, suite_quality
     from tl_query_lens.sources import load_dictionary, release_sources
 
     cfg, options = build(SAEReportConfig, args), build(ReportOptions, args)

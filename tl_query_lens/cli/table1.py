@@ -29,7 +29,7 @@ def run_table1(
     from tl_query_lens.errors import InputError
     from tl_query_lens.limits import check_limits, dims_of
     from tl_query_lens.query_lens import table1
-    from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
+    from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS
     from tl_query_lens.ranges import parse_features, parse_layers
     from tl_query_lens.sources import load_sources, parse_sources
 

@@ -41,7 +41,8 @@ from sae_lens import SAE
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.config import AbsorptionConfig
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import stop_layer
@@ -50,82 +51,6 @@ from tl_query_lens.results import SavableResult
 logger = logging.getLogger(__name__)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-@dataclass
-class AbsorptionConfig:
-    """Options of the first-letter absorption metric (defaults: sae_bench 0.6.0 ``AbsorptionEvalConfig``).
-
-    Attributes:
-        n_words: words sampled from the vocabulary (SAEBench: all alphabetic tokens).
-        train_fraction: share of words used to train the probes (SAEBench 0.8).
-        template: prompt template; ``{word}`` is replaced by the word token.
-        n_icl_examples: in-context examples per prompt (SAEBench 10).
-        max_k: largest k of the k-sparse probes (SAEBench 10).
-        f1_jump: F1 rise that makes a k-sparse probe's extra latent a split of the main feature (0.03).
-        min_probe_f1: letters whose probe has test F1 above this are scored (0.6).
-        min_letters: fewer qualifying letters → no score (SAEBench 20).
-        full_cos: min cosine probe–top latent for full absorption (0.025).
-        fraction_cos: min cosine probe–absorbing latent for the absorption fraction (0.1).
-        projection_share: min share of the probe projection an absorber must carry (0.4).
-        max_absorbers: latents that may share the absorbed projection (3).
-        probe_epochs / probe_batch / probe_lr / probe_wd: the ground-truth probe (50, 64, 1e-2, 1e-4).
-        sparse_l1 / sparse_epochs / sparse_batch: the L1 probe that ranks latents (0.01, 50, 4096).
-        batch_size: prompts per forward pass.
-        seed: word sampling, ICL examples, probe initialisation.
-    """
-
-    n_words: int = 2000
-    train_fraction: float = 0.8
-    template: str = " has the first letter:"
-    n_icl_examples: int = 10
-    max_k: int = 10
-    f1_jump: float = 0.03
-    min_probe_f1: float = 0.6
-    min_letters: int = 20
-    full_cos: float = 0.025
-    fraction_cos: float = 0.1
-    projection_share: float = 0.4
-    max_absorbers: int = 3
-    probe_epochs: int = 50
-    probe_batch: int = 64
-    probe_lr: float = 1e-2
-    probe_wd: float = 1e-4
-    sparse_l1: float = 0.01
-    sparse_epochs: int = 50
-    sparse_batch: int = 4096
-    batch_size: int = 16
-    seed: int = 0
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "n_words": "[2, inf)",
-        "train_fraction": "(0, 1)",
-        "n_icl_examples": "[0, inf)",
-        "max_k": "[1, inf)",
-        "f1_jump": "[0, inf)",
-        "min_probe_f1": "[0, 1]",
-        "min_letters": "[1, inf)",
-        "full_cos": "[-1, 1]",
-        "fraction_cos": "[-1, 1]",
-        "projection_share": "[0, 1]",
-        "max_absorbers": "[1, inf)",
-        "probe_epochs": "[1, inf)",
-        "probe_batch": "[1, inf)",
-        "probe_lr": "(0, inf)",
-        "probe_wd": "[0, inf)",
-        "sparse_l1": "[0, inf)",
-        "sparse_epochs": "[1, inf)",
-        "sparse_batch": "[1, inf)",
-        "batch_size": "[1, inf)",
-        "seed": "[0, 4294967295]",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        if self.n_words < 2 or not 0 < self.train_fraction < 1:
-            raise ValueError("AbsorptionConfig needs n_words ≥ 2 and 0 < train_fraction < 1.")
-        if self.max_k < 1 or self.n_icl_examples < 0:
-            raise ValueError("AbsorptionConfig needs max_k ≥ 1 and n_icl_examples ≥ 0.")
 
 
 @dataclass

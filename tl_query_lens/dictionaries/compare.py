@@ -12,20 +12,17 @@ import copy
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
 from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 
-from tl_query_lens.config import check_ranges, resolve_config
-from tl_query_lens.dictionaries.absorption import (
-    AbsorptionConfig,
-    first_letter_absorption,
-    first_letter_activations,
-)
-from tl_query_lens.dictionaries.faithfulness import FaithfulnessConfig, transcoder_faithfulness
+from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.absorption import first_letter_absorption, first_letter_activations
+from tl_query_lens.dictionaries.config import AbsorptionConfig, CompareConfig, FaithfulnessConfig
+from tl_query_lens.dictionaries.faithfulness import transcoder_faithfulness
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.dictionaries.splice import splice_metrics
@@ -33,46 +30,6 @@ from tl_query_lens.presentation import Table
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class CompareConfig:
-    """Options of :func:`compare_dictionaries`.
-
-    Attributes:
-        absorption: first-letter absorption options (``None`` skips absorption).
-        faithfulness: transcoder-vs-FF-KV matching options.
-        random_control: add FF-KV rows of a random-weights model of the same config (the paper's control).
-        control_variants: FF-KV variants built on the random model.
-        control_k: k of the random model's TopK FF-KV per layer (default: the k of the TopK FF-KV given for that
-            layer, else 32).
-        seed: the random model's weights.
-        batch_size: sequences per forward pass of the splice metrics.
-        exclude_first_positions: leading positions of every window left unspliced and unscored (SAEBench leaves
-            BOS out; SmolLM2's first position is an attention sink, ``docs/saes.md``).
-    """
-
-    absorption: AbsorptionConfig | None = field(default_factory=AbsorptionConfig)
-    faithfulness: FaithfulnessConfig = field(default_factory=FaithfulnessConfig)
-    random_control: bool = True
-    control_variants: tuple[str, ...] = ("vanilla", "topk")
-    control_k: int | None = None
-    seed: int = 0
-    batch_size: int = 8
-    exclude_first_positions: int = 1
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "control_k": "[1, inf)",
-        "seed": "[0, 4294967295]",
-        "batch_size": "[1, inf)",
-        "exclude_first_positions": "[0, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        bad = [v for v in self.control_variants if v not in ("vanilla", "topk", "normalized")]
-        if bad:
-            raise ValueError(f"control_variants must be FF-KV variants (vanilla/topk/normalized), got {bad}.")
 
 
 @dataclass

@@ -18,29 +18,9 @@ import torch
 from jaxtyping import Float
 
 from tl_query_lens.config import resolve_config
+from tl_query_lens.dictionaries.config import FaithfulnessConfig
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.results import SavableResult
-
-
-@dataclass
-class FaithfulnessConfig:
-    """Options of :func:`transcoder_faithfulness`.
-
-    Attributes:
-        quantile: quantile of the null distribution (best cosines after random rotations) a match must exceed.
-        n_rotations: random rotations of the transcoder's vectors that make the null distribution.
-        chunk: rows per block of the all-pairs cosine search (memory grows with chunk x d_mlp).
-        seed: seed of the random rotations.
-    """
-
-    quantile: float = 0.99
-    n_rotations: int = 4
-    chunk: int = 1024
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.quantile < 1 or self.n_rotations < 1:
-            raise ValueError("FaithfulnessConfig needs 0 < quantile < 1 and n_rotations ≥ 1.")
 
 
 @dataclass

@@ -23,8 +23,9 @@ from jaxtyping import Float, Int
 from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import InputError, InputTypeError, check_dictionary_finite, check_ids
+from tl_query_lens.errors import InputError, InputTypeError, check_ids
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer, refuse_norm_after_only, residual_hook_of
+from tl_query_lens.tensor_checks import check_dictionary_finite
 
 _LINEAR_NORMS = {"none", "expected_average_only_in"}  # no per-token factor at run time
 _SCALING_NORMS = {"constant_norm_rescale", "layer_norm"}  # a positive per-token factor on ⟨k, x⟩ and on the output

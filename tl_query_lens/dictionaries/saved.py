@@ -9,8 +9,9 @@ from sae_lens import SAE
 from sae_lens.constants import SAE_CFG_FILENAME, SAE_WEIGHTS_FILENAME
 from sae_lens.registry import SAE_CLASS_REGISTRY
 
-from tl_query_lens.errors import CorruptFileError, MissingFileError, UnavailableError
+from tl_query_lens.errors import CorruptFileError, MissingFileError
 from tl_query_lens.results import read_json, read_tensors
+from tl_query_lens.tensor_checks import check_device
 
 SAVE_FIX = (
     "Pass a folder written by sae.save_model(folder) or the SAELens training runner "
@@ -58,7 +59,7 @@ def check_sae_folder(path: str | Path) -> dict[str, Any]:
 def load_sae(path: str | Path, *, device: str = "cpu") -> SAE:
     """``SAE.load_from_disk`` after :func:`check_sae_folder`; SAELens errors on a malformed folder name the folder."""
     check_sae_folder(path)
-    check_device(device)  # before loading: a device that is missing here is not a corrupt folder
+    check_device(device, "device")  # before loading: a device that is missing here is not a corrupt folder
     try:
         return SAE.load_from_disk(str(path), device=device)
     except (
@@ -68,21 +69,3 @@ def load_sae(path: str | Path, *, device: str = "cpu") -> SAE:
         RuntimeError,
     ) as err:  # a config field or tensor shape SAELens rejects
         raise CorruptFileError(path, f"could not be loaded by SAELens ({type(err).__name__}: {err})", SAVE_FIX) from err
-
-
-def check_device(device: Any) -> None:
-    """Refuse a device that is not a torch device or that this machine lacks (e.g. ``"cuda"`` without CUDA)."""
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UnavailableError(f"device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'.") from None
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise UnavailableError(f"device {device!r}: CUDA is not available on this machine; use device='cpu'.")
-        if parsed.index is not None and parsed.index >= count:
-            raise UnavailableError(f"device {device!r}: this machine has {count} CUDA device(s) (cuda:0..{count - 1}).")
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise UnavailableError(f"device {device!r}: MPS is not available on this machine; use device='cpu'.")

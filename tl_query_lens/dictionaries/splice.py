@@ -15,18 +15,20 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import check_first_positions, resolve_config
 from tl_query_lens.corpus import load_corpus
+from tl_query_lens.dictionaries.config import FFKVSummaryConfig
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError, check_outputs
+from tl_query_lens.errors import InputError
 from tl_query_lens.interrupts import with_resume
 from tl_query_lens.limits import ModelDims, check_limits, dims_of
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.presentation import Table, numeric_fields
-from tl_query_lens.primitives import check_first_positions, kl_divergence, write_from
+from tl_query_lens.primitives import kl_divergence, write_from
 from tl_query_lens.ranges import parse_layers
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -226,31 +228,6 @@ def _ce_sum(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     return F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1), reduction="sum"
     ).item()
-
-
-@dataclass
-class FFKVSummaryConfig:
-    """Options of :func:`ffkv_summary`.
-
-    Attributes:
-        k: TopK size of the sparse FF-KV splice.
-        dense: also splice the vanilla (dense, exact) FF-KV dictionary.
-        batch_size: sequences per forward pass.
-    """
-
-    k: int = 64
-    dense: bool = True
-    batch_size: int = 8
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "k": "[1, inf)",
-        "batch_size": "[1, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        if self.k < 1 or self.batch_size < 1:
-            raise ValueError(f"k and batch_size must be ≥ 1, got k={self.k}, batch_size={self.batch_size}.")
 
 
 @dataclass

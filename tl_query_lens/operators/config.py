@@ -1,5 +1,6 @@
 """How the operator engine sweeps: one config shared by the engine, :class:`~tl_query_lens.QueryLens` and every method
-that computes operators (docs/design.md §4; docs/architecture.md, "Configs")."""
+that computes operators (docs/design.md §4; docs/architecture.md, "Configs"). It imports no torch: the command line
+builds it before torch loads, and the engine resolves ``sweep_dtype`` to a ``torch.dtype`` where it sweeps."""
 
 from __future__ import annotations
 
@@ -9,18 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import torch
-
 from tl_query_lens.config import check_ranges
 from tl_query_lens.errors import InputError
 
-#: Dtypes a sweep may run in (``EngineConfig.sweep_dtype``), by name.
-SWEEP_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+#: Dtypes a sweep may run in (``EngineConfig.sweep_dtype``), by their torch names.
+SWEEP_DTYPES: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
 
 
 @dataclass
@@ -39,7 +33,7 @@ class EngineConfig:
         progress: show a progress bar per sweep.
         max_memory_gb: choose chunk from this working-memory budget in GiB (None: use chunk as given).
         sweep_dtype: run the sweeps on a copy of the model in this dtype, e.g. 'bfloat16' (operators still accumulate
-            in float32); None: the model's own dtype. Given as a name or a torch.dtype; kept as its name.
+            in float32); None: the model's own dtype. A torch.dtype is accepted too and kept as its name.
         sweep_autocast: with sweep_dtype, run the sweeps under torch.autocast on the model itself instead of a copy
             (matrix products in sweep_dtype, norms and the residual stream in the model's dtype).
     """
@@ -50,7 +44,7 @@ class EngineConfig:
     cache_dir: str | Path | None = None
     progress: bool = True
     max_memory_gb: float | None = None
-    sweep_dtype: str | torch.dtype | None = None
+    sweep_dtype: str | None = None
     sweep_autocast: bool = False
 
     RANGES: ClassVar[dict[str, str]] = {
@@ -62,7 +56,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if isinstance(self.sweep_dtype, torch.dtype):
+        if self.sweep_dtype is not None and not isinstance(self.sweep_dtype, str):  # a torch.dtype: kept as its name
             self.sweep_dtype = str(self.sweep_dtype).replace("torch.", "")
         if self.sweep_dtype is not None and self.sweep_dtype not in SWEEP_DTYPES:
             raise InputError(
@@ -77,11 +71,6 @@ class EngineConfig:
             raise InputError(f"max_memory_gb must be > 0, got {self.max_memory_gb}.")
         if self.sweep_autocast and self.sweep_dtype is None:
             raise InputError("sweep_autocast=True needs a sweep_dtype other than the model's, e.g. torch.bfloat16.")
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        """``sweep_dtype`` as a ``torch.dtype`` (None: the model's own)."""
-        return None if self.sweep_dtype is None else SWEEP_DTYPES[str(self.sweep_dtype)]
 
 
 def fold_flat_engine_options(owner: str, engine: EngineConfig, flat: dict[str, object]) -> EngineConfig:

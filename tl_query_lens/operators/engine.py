@@ -252,7 +252,7 @@ def _compute(
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     skip_positions, chunk, batch_size = engine.skip_positions, engine.chunk, engine.batch_size
     cache_dir, progress, max_memory_gb = engine.cache_dir, engine.progress, engine.max_memory_gb
-    sweep_dtype, sweep_autocast = engine.dtype, engine.sweep_autocast
+    sweep_dtype, sweep_autocast = torch_dtype(engine.sweep_dtype), engine.sweep_autocast
     tokens = check_tokens(model, tokens, skip_positions)
     if sweep_autocast:
         if sweep_dtype is None or sweep_dtype == model.cfg.dtype:
@@ -364,7 +364,12 @@ def _compute(
     return state
 
 
-_SWEEP_DTYPES = tuple(SWEEP_DTYPES.values())
+_SWEEP_DTYPES = tuple(getattr(torch, name) for name in SWEEP_DTYPES)
+
+
+def torch_dtype(name: str | None) -> torch.dtype | None:
+    """An :class:`EngineConfig`'s ``sweep_dtype`` name as a ``torch.dtype`` (None: the model's own)."""
+    return None if name is None else getattr(torch, name)
 
 
 def _in_dtype(model, dtype: torch.dtype | None, *, check_only: bool = False):

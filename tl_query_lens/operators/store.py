@@ -18,8 +18,9 @@ import torch
 from jaxtyping import Float
 from safetensors import SafetensorError, safe_open
 
-from tl_query_lens.errors import CorruptFileError, check_finite
+from tl_query_lens.errors import CorruptFileError
 from tl_query_lens.results import loads_json, read_tensors, write_tensors
+from tl_query_lens.tensor_checks import check_finite
 
 OperatorKind = Literal["value", "key", "module"]
 _KINDS = ("value", "key", "module")
@@ -217,7 +218,7 @@ OPERATOR_HINT = (
 
 
 def check_operator(tensor: torch.Tensor, what: str) -> torch.Tensor:
-    """:func:`~tl_query_lens.errors.check_finite` with the operator hint."""
+    """:func:`~tl_query_lens.tensor_checks.check_finite` with the operator hint."""
     return check_finite(tensor, what, hint=OPERATOR_HINT)
 
 

@@ -17,71 +17,24 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import InitVar, dataclass, field
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
-from tl_query_lens.errors import InputError, check_finite
+from tl_query_lens.errors import InputError
 from tl_query_lens.hooks import downstream_modules, hook_layer
-from tl_query_lens.operators import EngineConfig, module_operators
-from tl_query_lens.operators.config import fold_flat_engine_options
+from tl_query_lens.operators import module_operators
 from tl_query_lens.presentation import Table
+from tl_query_lens.query_lens.config import ChannelConfig, SubspaceChannelsConfig
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_finite
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ChannelConfig:
-    """Channel fit settings (defaults: the paper's Adam recipe).
-
-    Attributes:
-        rank: r; None = d_model // n_layers (d/L).
-        train_frac: share of features used for fitting; the rest are held out for the metrics.
-        seed: seed of the split and of the Adam initialisation (paper: 42).
-        lr, epochs, init_std: Adam recipe (paper: 1e-3, 1000 full-batch epochs, A ~ N(0, 0.01²), B = 0).
-        destination: what makes two channels share a destination: ``"layer"`` (same downstream block k, attention
-            or MLP) or ``"module"`` (same downstream module; needs ≥ 2 source layers).
-        n_permutations: label permutations for the p-value of the AUC.
-        fits: which fits to run, ``"closed_form"`` and/or ``"adam"``.
-    """
-
-    rank: int | None = None
-    train_frac: float = 0.9
-    seed: int = 42
-    lr: float = 1e-3
-    epochs: int = 1000
-    init_std: float = 0.01
-    destination: Literal["layer", "module"] = "layer"
-    n_permutations: int = 10000
-    fits: tuple[str, ...] = ("closed_form", "adam")
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "rank": "[1, inf)",
-        "train_frac": "(0, 1)",
-        "seed": "[0, 4294967295]",
-        "lr": "(0, inf)",
-        "epochs": "[0, inf)",
-        "init_std": "[0, inf)",
-        "n_permutations": "[0, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        self.fits = tuple(self.fits)
-        if self.rank is not None and self.rank < 1:
-            raise ValueError(f"rank must be ≥ 1 (or None for d/L), got {self.rank}.")
-        if not 0 < self.train_frac < 1:
-            raise ValueError(f"train_frac must be in (0, 1), got {self.train_frac}.")
-        if self.destination not in ("layer", "module"):
-            raise ValueError(f"destination must be 'layer' or 'module', got {self.destination!r}.")
-        if not self.fits or set(self.fits) - {"closed_form", "adam"}:
-            raise ValueError(f"fits {self.fits}: use 'closed_form', 'adam' or both (a non-empty subset).")
 
 
 @dataclass
@@ -370,40 +323,6 @@ def channel_analysis(
         summary=summary,
         config=dict(cfg.__dict__),
     )
-
-
-@dataclass
-class SubspaceChannelsConfig(ChannelConfig):
-    """Options of :func:`subspace_channels`: those of :class:`ChannelConfig` plus
-
-    Attributes:
-        operator_layers: blocks whose module operators are computed (None: the first source layer + 1 .. L − 1).
-        engine: the operator engine's options (:class:`~tl_query_lens.operators.config.EngineConfig`; operators are
-            kept in its cache_dir and reused for the same corpus and blocks).
-    """
-
-    operator_layers: tuple[int, ...] | None = None
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    # Deprecated spellings of engine.skip_positions / engine.chunk / engine.cache_dir (folded into engine).
-    skip_positions: InitVar[int | None] = None
-    chunk: InitVar[int | None] = None
-    cache_dir: InitVar[str | None] = None
-
-    RANGES: ClassVar[dict[str, str]] = ChannelConfig.RANGES | {"operator_layers": "[0, inf)"}
-
-    def __post_init__(  # type: ignore[override]
-        self, skip_positions: int | None, chunk: int | None, cache_dir: str | None
-    ) -> None:
-        super().__post_init__()
-        self.engine = fold_flat_engine_options(
-            "SubspaceChannelsConfig",
-            self.engine,
-            {"skip_positions": skip_positions, "chunk": chunk, "cache_dir": cache_dir},
-        )
-        if self.operator_layers is not None:
-            self.operator_layers = tuple(int(k) for k in self.operator_layers)
-            if not self.operator_layers:
-                raise ValueError("operator_layers must name at least one block (or be None for all downstream).")
 
 
 def subspace_channels(

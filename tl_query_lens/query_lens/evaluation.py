@@ -19,12 +19,12 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import UnknownNameError
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
-from tl_query_lens.protocols import ProtocolName, resolve_protocol
+from tl_query_lens.query_lens.config import EvaluationConfig
 from tl_query_lens.query_lens.max_activating import (
     MaxActivations,
     max_activating_contexts,
@@ -32,89 +32,10 @@ from tl_query_lens.query_lens.max_activating import (
 )
 from tl_query_lens.query_lens.protocols import PROTOCOLS
 from tl_query_lens.query_lens.protocols.tlql import kl_matched_alphas, steering_top_tokens  # noqa: F401  (re-exported)
-from tl_query_lens.query_lens.steering import (
-    NEUTRAL_PROMPTS,
-    clamp_signatures,
-    sample_continuations,
-    zero_ablation_signatures,
-)
+from tl_query_lens.query_lens.steering import clamp_signatures, sample_continuations, zero_ablation_signatures
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EvaluationConfig:
-    """Settings of the Table-1 protocol (defaults = the paper's where it states them).
-
-    Attributes:
-        n_contexts: N max-activating contexts per feature (paper: ≥ 20).
-        kl_targets: KL(clean ‖ steered) targets in nats, averaged over positions (paper: 0.25 and 0.5).
-        n_generate: tokens generated after each neutral prompt (paper: 20).
-        temperature: sampling temperature (paper: 0.75).
-        seed: seed of every sampling step.
-        prompts: neutral prefixes.
-        n_steps: bisection steps of the α search after bracketing.
-        n_steered: |S|, tokens kept from the steering rank-percentile rise (paper: 25).
-        baselines: baselines computed here and scored like the given methods ("ZO", "TC").
-        tc_values: clamp values of the TC baseline.
-        protocol: ``"tlql"`` (this project's, formerly ``"per-target"``; :mod:`~tl_query_lens.query_lens.protocols.tlql`:
-            one S per KL target, ranks over prompt and generated positions,
-            α by geometric bracketing + bisection on clean continuations, strings stripped and lower-cased) or
-            ``"paper"`` (the authors' code: one S over both targets, ranks over generated positions only, integer α
-            in [1, 1000] with KL on the prompts, TC at α = 10 only, ▁/Ġ/Ċ-only normalisation; see
-            :mod:`tl_query_lens.query_lens.protocols.paper`). Under ``"paper"`` every output column holds the score of
-            the one shared S.
-        autocast: run the model passes of the protocol (max-activating search, generation, α search and steering,
-            ZO / TC baselines) under bf16 autocast on the model's device: matrix products in bf16, weights, norms,
-            softmax and the residual stream in fp32 (SAELens' ``autocast_lm``). The operator sweeps follow
-            ``engine.sweep_dtype`` instead. ``benchmarks/bench_table1_precision.py`` measures what it changes.
-    """
-
-    n_contexts: int = 20
-    kl_targets: tuple[float, ...] = (0.25, 0.5)
-    n_generate: int = 20
-    temperature: float = 0.75
-    seed: int = 0
-    prompts: tuple[str, ...] = NEUTRAL_PROMPTS[:4]
-    n_steps: int = 8
-    n_steered: int = 25
-    baselines: tuple[str, ...] = ("ZO", "TC")
-    tc_values: tuple[float, ...] = (1.0, 5.0, 10.0)
-    protocol: ProtocolName = "tlql"
-    autocast: bool = False
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "n_contexts": "[1, inf)",
-        "kl_targets": "(0, inf)",
-        "n_generate": "[1, inf)",
-        "temperature": "(0, inf)",
-        "seed": "[0, 4294967295]",
-        "n_steps": "[1, inf)",
-        "n_steered": "[1, inf)",
-        "tc_values": "(0, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
-        if PROTOCOLS[self.protocol].TC_VALUES is not None:
-            self.tc_values = PROTOCOLS[self.protocol].TC_VALUES  # the authors' TC clamps at α = 10 only
-        self.kl_targets, self.prompts = tuple(self.kl_targets), tuple(self.prompts)
-        self.baselines, self.tc_values = tuple(self.baselines), tuple(self.tc_values)
-        if self.n_contexts < 1 or self.n_generate < 1 or self.n_steps < 1 or self.n_steered < 1:
-            raise ValueError("n_contexts, n_generate, n_steps and n_steered must all be ≥ 1.")
-        if not self.kl_targets or min(self.kl_targets) <= 0:
-            raise ValueError(f"kl_targets must be positive nats, e.g. (0.25, 0.5); got {self.kl_targets}.")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}.")
-        if not self.prompts:
-            raise ValueError("Give at least one neutral prompt.")
-        unknown = set(self.baselines) - {"ZO", "TC"}
-        if unknown:
-            raise ValueError(f"Unknown baselines {sorted(unknown)}; choose from 'ZO' and 'TC'.")
-        if self.n_contexts < 20:
-            logger.warning("n_contexts=%d is below the paper's N ≥ 20.", self.n_contexts)
 
 
 def model_passes(model: HookedTransformer, autocast: bool) -> contextlib.AbstractContextManager:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -45,53 +44,18 @@ from transformer_lens.components import LayerNorm, LayerNormPre
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import KeyValueView, as_key_value
-from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.hooks import downstream_modules, hook_layer
-from tl_query_lens.operators import EngineConfig, OperatorSet, key_operators, module_operators, value_operators
+from tl_query_lens.operators import OperatorSet, key_operators, module_operators, value_operators
 from tl_query_lens.operators.engine import basis_fingerprint, check_tokens, check_value_source
 from tl_query_lens.operators.store import OPERATOR_HINT, check_operator
+from tl_query_lens.query_lens.config import BASES, SIGNATURE_METHODS, Basis, QueryLensConfig
 from tl_query_lens.query_lens.result import Signatures, centred_embeddings, readout_scores
+from tl_query_lens.tensor_checks import check_outputs
 
 logger = logging.getLogger(__name__)
 
 ValueMethod = Literal["full", "first_order", "logit_lens"]
 KeyMethod = Literal["full", "logit_lens"]
-# The method set of the paper's Table 1: name → (side, method).
-SIGNATURE_METHODS: dict[str, tuple[str, str]] = {
-    "LL_KEY": ("key", "logit_lens"),
-    "LL_VALUE": ("value", "logit_lens"),
-    "QL_KEY": ("key", "full"),
-    "QL_VALUE": ("value", "full"),
-    "QL_VALUE_1st": ("value", "first_order"),
-}
-Basis = Literal["auto", "identity", "features"]
-_BASES = ("auto", "identity", "features")
-
-
-@dataclass
-class QueryLensConfig:
-    """Options of :class:`QueryLens`.
-
-    Attributes:
-        engine: how operators are computed and kept (:class:`~tl_query_lens.operators.config.EngineConfig`:
-            skip_positions, chunk, batch_size, cache_dir, progress, max_memory_gb, sweep_dtype, sweep_autocast).
-        feature_chunk: features scored per matmul against the vocabulary (memory grows with feature_chunk x d_vocab).
-        basis: how the engine is asked for a request of n features. 'identity': the full operator (d tangent passes;
-            kept and reused for every later request). 'features': the n requested value directions pushed forward
-            (key directions pulled back) directly, n passes, cached per feature set. 'auto': the full operator when it
-            is already held, else whichever basis is smaller (both passes walk the same chain of blocks, so the
-            estimate compares n x chain with d x chain). Overridable per call.
-    """
-
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    feature_chunk: int = 256
-    basis: Basis = "auto"
-
-    def __post_init__(self) -> None:
-        if self.feature_chunk < 1:
-            raise InputError(f"feature_chunk must be ≥ 1, got {self.feature_chunk}.")
-        if self.basis not in _BASES:
-            raise InputError(f"basis must be one of {_BASES}, not {self.basis!r}.")
 
 
 class QueryLens:
@@ -353,8 +317,8 @@ class QueryLens:
     def _feature_basis(self, n: int, d: int, held: bool, basis: Basis | None) -> bool:
         """Whether a request of n features uses the feature basis (see the class docstring)."""
         choice = self.basis if basis is None else basis
-        if choice not in _BASES:
-            raise ValueError(f"basis must be one of {_BASES}, not {choice!r}.")
+        if choice not in BASES:
+            raise ValueError(f"basis must be one of {BASES}, not {choice!r}.")
         if choice != "auto":
             return choice == "features"
         return not held and n < d  # cost ∝ basis size × the same chain of blocks

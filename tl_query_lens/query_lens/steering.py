@@ -18,15 +18,6 @@ from tl_query_lens.dictionaries.key_value import KeyValueView
 from tl_query_lens.primitives import clean_run, kl_divergence, run_from_residual, splice_hooks
 from tl_query_lens.query_lens.max_activating import MaxActivations, view_start_layer
 
-NEUTRAL_PROMPTS: tuple[str, ...] = (
-    "The",
-    "I think that",
-    "Here is a short story:",
-    "It was a day like any other, and",
-    "My favourite thing is",
-    "In this article we",
-)
-
 
 def clamp_hooks(
     view: KeyValueView,

@@ -2,7 +2,7 @@
 every method, scored by :func:`~tl_query_lens.query_lens.evaluation.evaluate_signatures` (docs/design.md §5).
 
 Departures from the paper are the CPU-sized corpora (see docs/query_lens_evaluation.md); the method set is
-:data:`~tl_query_lens.query_lens.lens.SIGNATURE_METHODS` plus the ZO / TC baselines of :class:`EvaluationConfig`.
+:data:`~tl_query_lens.query_lens.config.SIGNATURE_METHODS` plus the ZO / TC baselines of :class:`EvaluationConfig`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -28,17 +27,11 @@ from tl_query_lens.corpus import corpus_fingerprint
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import CorruptFileError, InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
-from tl_query_lens.operators import EngineConfig
-from tl_query_lens.operators.config import fold_flat_engine_options
 from tl_query_lens.operators.distributed import all_ranks, gathered_by_key, rank_and_world
 from tl_query_lens.paths import check_folder, result_name
-from tl_query_lens.query_lens.evaluation import (
-    EvaluationConfig,
-    SignatureEvaluation,
-    evaluate_signatures,
-    model_passes,
-)
-from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, Basis, QueryLens
+from tl_query_lens.query_lens.config import SIGNATURE_METHODS, Table1Config
+from tl_query_lens.query_lens.evaluation import SignatureEvaluation, evaluate_signatures, model_passes
+from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
 from tl_query_lens.query_lens.protocols.paper import up_projection_key_view
 
@@ -46,91 +39,6 @@ logger = logging.getLogger(__name__)
 
 # Input % / Output % of the paper (GPT-2 small), for side-by-side tables (different model and corpus sizes).
 PAPER_GPT2 = {"LL_KEY": (7.84, 4.32), "LL_VALUE": (11.74, 12.57), "QL_KEY": (39.32, 1.97), "QL_VALUE": (26.43, 15.24)}
-
-
-@dataclass
-class Table1Config(EvaluationConfig):
-    """Options of :func:`evaluate_table1`: those of :class:`EvaluationConfig` plus
-
-    Attributes:
-        k: signature size.
-        features_per_layer: features sampled (seeded, without replacement) per dictionary.
-        features: explicit feature ids used for every dictionary instead of a sample (None: sample).
-        feature_selection: what the sample is drawn from. ``"uniform"``: every feature of the dictionary.
-            ``"active"``: the features that fire (activation > 0) in at least ``n_contexts`` distinct sequences of
-            the evaluation corpus, so each has N truly activating max-activating contexts (the authors require
-            ≥ 20 examples per feature); a uniform draw from a trained SAE would also pick dead or rare latents whose
-            "contexts" are arbitrary. ``"auto"``: ``"uniform"`` for FF-KV dictionaries (every SwiGLU/GELU neuron
-            is non-zero almost everywhere, and their Table-1 rows stay as before), ``"active"`` for any other SAE.
-        exclude_first_positions: leading positions of every evaluation sequence left out of the max-activating
-            search and the active counts (1 for residual SAEs trained without position 0, e.g. the tlql-saes suite).
-        methods: signature methods scored (names of :data:`SIGNATURE_METHODS`).
-        engine: the operator engine's options (:class:`~tl_query_lens.operators.config.EngineConfig`; operators are
-            kept in its cache_dir). Keyword overrides of :func:`evaluate_table1` reach its fields (``chunk=16``).
-        basis: how the Query Lens operators reach the signatures. ``"identity"``: every dictionary's full value, key
-            and module operators, one engine sweep per kind over all of them (d_model directions each; kept in the
-            engine's cache_dir and reused by any features and any later run on the same operator corpus).
-            ``"features"``: only the sampled features' directions are pushed forward (values) and pulled back
-            (keys), per dictionary (``features_per_layer`` directions instead of d_model, so about d_model /
-            features_per_layer times fewer passes; cached per feature set). The signatures are the same up to
-            rounding (``M v`` either way). ``"auto"``: :class:`~tl_query_lens.query_lens.lens.QueryLens`' own rule
-            per request (the smaller basis, as nothing is precomputed).
-        up_key: also score the authors' SwiGLU key (up-projection column at ``hook_resid_mid``) as LL_KEY_UP /
-            QL_KEY_UP beside LL_KEY / QL_KEY.
-        checkpoint_dir: folder where each dictionary's evaluation is saved as soon as it is done; a rerun that
-            matches it (model, dictionary, corpora, prompts, features and every other option) loads it instead of
-            evaluating that dictionary again, so a long run that is stopped resumes dictionary by dictionary.
-            None: nothing is saved (``tlql ql-evaluate``: ``<out>/parts``).
-    """
-
-    k: int = 25
-    features_per_layer: int = 13
-    features: tuple[int, ...] | None = None
-    feature_selection: Literal["auto", "uniform", "active"] = "auto"
-    exclude_first_positions: int = 0
-    methods: tuple[str, ...] = tuple(SIGNATURE_METHODS)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    basis: Basis = "identity"
-    # Deprecated spellings of engine.skip_positions / engine.chunk / engine.cache_dir (folded into engine).
-    skip_positions: InitVar[int | None] = None
-    chunk: InitVar[int | None] = None
-    cache_dir: InitVar[str | None] = None
-    up_key: bool = False
-    checkpoint_dir: str | None = None
-
-    RANGES: ClassVar[dict[str, str]] = EvaluationConfig.RANGES | {
-        "k": "[1, inf)",
-        "features_per_layer": "[1, inf)",
-        "features": "[0, inf)",
-        "exclude_first_positions": "[0, inf)",
-    }
-
-    def __post_init__(  # type: ignore[override]
-        self, skip_positions: int | None, chunk: int | None, cache_dir: str | None
-    ) -> None:
-        super().__post_init__()
-        self.engine = fold_flat_engine_options(
-            "Table1Config", self.engine, {"skip_positions": skip_positions, "chunk": chunk, "cache_dir": cache_dir}
-        )
-        self.methods = tuple(self.methods)
-        self.features = None if self.features is None else tuple(int(f) for f in self.features)
-        unknown = [m for m in self.methods if m not in SIGNATURE_METHODS]
-        if unknown:
-            raise ValueError(f"Unknown signature methods {unknown}; choose from {list(SIGNATURE_METHODS)}.")
-        if self.feature_selection not in ("auto", "uniform", "active"):
-            raise ValueError(
-                f"feature_selection must be 'auto', 'uniform' or 'active', got {self.feature_selection!r}."
-            )
-        if self.basis not in get_args(Basis):
-            raise ValueError(f"basis must be one of {get_args(Basis)}, got {self.basis!r}.")
-        if self.exclude_first_positions < 0:
-            raise ValueError(f"exclude_first_positions must be ≥ 0, got {self.exclude_first_positions}.")
-        if self.k < 1 or self.features_per_layer < 1:
-            raise ValueError("k and features_per_layer must be ≥ 1.")
-
-    def evaluation(self) -> EvaluationConfig:
-        """The :class:`EvaluationConfig` part."""
-        return EvaluationConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EvaluationConfig)})
 
 
 def evaluate_table1(

@@ -234,15 +234,3 @@ def kmeans_ridge(
         top = (sim.abs() if rank_by == "abs_cos" else sim).topk(min(k, centroids.shape[0]), dim=-1).indices
         out[s : s + chunk] = _ridge_fit(xs, centroids[top], ridge)
     return _rows_back(mu, a[tgt], out)
-
-
-BASELINE_ORDER = (
-    "shuffled_codes",
-    "random_support",
-    "pca256",
-    "hard_assignment",
-    "kmeans_ridge_small",
-    "kmeans_ridge_full",
-    "knn_basis",
-    "nearest_row_ridge",
-)

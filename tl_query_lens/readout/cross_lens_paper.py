@@ -22,20 +22,19 @@ import math
 import random
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
 
 from tl_query_lens.config import resolve_config
-from tl_query_lens.errors import check_dictionary_finite
 from tl_query_lens.presentation import Table
-from tl_query_lens.protocols import ProtocolName, resolve_protocol
+from tl_query_lens.readout.config import CrossLensConfig
 from tl_query_lens.readout.cross_lens import jacobian_lens
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, unembedding_rows
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_dictionary_finite
 
-CrossLensProtocol = ProtocolName
 BANK_FILE = "cross_lens_prompts_en.json"
 # The authors' mid band on their model is layers 21/24/26/29 (late-middle); the same depth fractions here.
 MID_BAND_FRACTIONS = (0.68, 0.77, 0.84, 0.94)
@@ -88,34 +87,6 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
     centre = (p + z * z / (2 * n)) / d
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return [max(0.0, centre - half), min(1.0, centre + half)]
-
-
-@dataclass
-class CrossLensConfig:
-    """Options of :func:`cross_lens_prompts`.
-
-    Attributes:
-        protocol: ``"paper"`` or ``"tlql"`` (formerly ``"own-top1"``; the headline; both are computed).
-        layers: the mid band (default :func:`mid_band_layers`).
-        target: the fixed token of the paper protocol: ``"answer"`` (the bank's) or ``"model-top1"`` (the model's own
-            next-token prediction on the prompt).
-        min_votes: layers that must agree (the authors: 2 of 4).
-        n_shuffle: shuffled-pairing draws per prompt. seed: their seed.
-    """
-
-    protocol: CrossLensProtocol = "paper"
-    layers: list[int] | None = None
-    target: Literal["answer", "model-top1"] = "answer"
-    min_votes: int = 2
-    n_shuffle: int = 3
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.protocol = resolve_protocol(self.protocol)  # type: ignore[assignment]
-        if self.target not in ("answer", "model-top1"):
-            raise ValueError(f"target must be 'answer' or 'model-top1', got {self.target!r}.")
-        if self.min_votes < 1:
-            raise ValueError("min_votes must be >= 1.")
 
 
 @dataclass

@@ -21,11 +21,12 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
-from tl_query_lens.errors import InputTypeError, check_dictionary_finite, check_finite, check_outputs
+from tl_query_lens.errors import InputTypeError
 from tl_query_lens.presentation import Table
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, register_operation, unembedding_rows
 from tl_query_lens.readout.states import check_state
 from tl_query_lens.results import SavableResult
+from tl_query_lens.tensor_checks import check_dictionary_finite, check_finite, check_outputs
 
 
 @dataclass

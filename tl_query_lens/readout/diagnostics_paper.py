@@ -1,11 +1,8 @@
-"""Former home of the readout paper protocol: now :mod:`tl_query_lens.readout.protocols.paper`."""
+"""Former home of the readout paper protocol: now :mod:`tl_query_lens.readout.protocols.paper` (its options:
+:mod:`tl_query_lens.readout.config`)."""
 
 from tl_query_lens.readout.protocols.paper import (  # noqa: F401  (re-exported)
-    OWN_VARIANTS,
-    PAPER_BASELINES,
-    PaperReadoutConfig,
     PaperReadoutDiagnostics,
-    ReadoutProtocol,
     RowMaker,
     _paper_makers,
     _pool,

@@ -10,10 +10,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import normalise_rows
 from tl_query_lens.readout import baselines as bl
+from tl_query_lens.readout.config import ReadoutEvalConfig
 from tl_query_lens.readout.diagnostics import (
     AblationRegression,
     ReadoutEval,
@@ -60,43 +61,6 @@ def _baselines(
         "knn_basis": lambda: bl.knn_basis(rows, neighbours=neighbours()),
         "nearest_row_ridge": lambda: bl.nearest_row_ridge(rows, neighbours=neighbours()),
     }
-
-
-@dataclass
-class ReadoutEvalConfig:
-    """Options of :func:`evaluate_readout`.
-
-    Attributes:
-        baselines: row-geometry baselines, run in this order (cheapest first by default).
-        ablation_states: states of the ablation regression (0: skip it).
-        n_boot: bootstrap resamples of the CIs.
-        kmeans_widths: centroids of the small / full k-means baselines (default: width/4 and the SAE's width).
-        kmeans_iters: k-means iterations. ridge_k: centroids per row in k-means + ridge (default: the SAE's k).
-    """
-
-    baselines: tuple[str, ...] = tuple(bl.BASELINE_ORDER)
-    ablation_states: int = 256
-    n_boot: int = 1000
-    kmeans_widths: tuple[int, int] | None = None
-    kmeans_iters: int = 10
-    ridge_k: int | None = None
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "ablation_states": "[0, inf)",
-        "n_boot": "[1, inf)",
-        "kmeans_widths": "[1, inf)",
-        "kmeans_iters": "[1, inf)",
-        "ridge_k": "[1, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        self.baselines = tuple(self.baselines)
-        unknown = [b for b in self.baselines if b not in bl.BASELINE_ORDER]
-        if unknown:
-            raise ValueError(f"Unknown baselines {unknown}; choose from {list(bl.BASELINE_ORDER)}.")
-        if self.ablation_states < 0 or self.n_boot < 1 or self.kmeans_iters < 1:
-            raise ValueError("ablation_states must be ≥ 0, n_boot and kmeans_iters ≥ 1.")
 
 
 @dataclass

@@ -21,18 +21,19 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from sae_lens.saes.sae import SAEMetadata
 from tqdm import tqdm
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.paths import relative_command
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import normalise_rows, topk_relu_codes
+from tl_query_lens.readout.config import ReadoutFitConfig
 from tl_query_lens.readout.sae import (
     ReadoutSAE,
     ReadoutSAEConfig,
@@ -44,110 +45,6 @@ from tl_query_lens.readout.states import StateBank, collect_states
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
-
-Preset = Literal["small", "paper", "cpu"]
-
-
-@dataclass
-class ReadoutFitConfig:
-    """Hyper-parameters of a readout-SAE fit. ``preset="paper"`` is the paper's GPU recipe (32×d, k=256, 20k steps).
-
-    Attributes:
-        width: dictionary size F (None: ``width_mult`` × d_model).
-        width_mult: F / d_model when ``width`` is None.
-        k: TopK budget.
-        steps: optimiser steps.
-        batch_rows: rows per step.
-        batch_pairs: (state, top-1 token) pairs per step for the prism term.
-        lr, weight_decay, clip: AdamW learning rate, weight decay, gradient-norm clip.
-        lambda_prism, code_l2: loss weights.
-        frequency_share: share of each row batch drawn by top-``top_n`` frequency (the rest uniform).
-        top_n: how many top tokens per state count for the frequency.
-        corpus, n_seqs, seq_len: the corpus (train split) read when no tokens are given.
-        rare_rows: after the fit, a feature used by 1..rare_rows−1 vocabulary rows counts as rare (0: dead).
-            During training the window rates count fires over the rows of the last ``log_every`` steps:
-            dead = no fire, rare = fired on under 1e-4 of those rows.
-        log_every: steps between logged scalars.
-        max_seconds: stop early once the fit has run this long (wall clock); the steps done are recorded.
-        seed: RNG seed.
-    """
-
-    width: int | None = None
-    width_mult: int = 4
-    k: int = 128
-    steps: int = 1000
-    batch_rows: int = 512
-    batch_pairs: int = 256
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    clip: float = 1.0
-    lambda_prism: float = 1e-3
-    code_l2: float = 1e-6
-    frequency_share: float = 0.5
-    top_n: int = 8
-    corpus: str = "embedded"
-    n_seqs: int = 32
-    seq_len: int = 32
-    rare_rows: int = 10
-    log_every: int = 50
-    max_seconds: float | None = None
-    seed: int = 0
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "width": "[1, inf)",
-        "width_mult": "[1, inf)",
-        "k": "[1, inf)",
-        "steps": "[1, inf)",
-        "batch_rows": "[1, inf)",
-        "batch_pairs": "[1, inf)",
-        "lr": "(0, inf)",
-        "weight_decay": "[0, inf)",
-        "clip": "(0, inf)",
-        "lambda_prism": "[0, inf)",
-        "code_l2": "[0, inf)",
-        "frequency_share": "[0, 1]",
-        "top_n": "[1, inf)",
-        "n_seqs": "[1, inf)",
-        "seq_len": "[1, inf)",
-        "rare_rows": "[0, inf)",
-        "log_every": "[1, inf)",
-        "max_seconds": "(0, inf)",
-        "seed": "[0, 4294967295]",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        for name in (
-            "width_mult",
-            "k",
-            "steps",
-            "batch_rows",
-            "batch_pairs",
-            "top_n",
-            "n_seqs",
-            "seq_len",
-            "log_every",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ReadoutFitConfig.{name} must be positive, got {getattr(self, name)}.")
-        if self.width is not None and self.width < self.k:
-            raise ValueError(f"width={self.width} must be at least k={self.k}.")
-        if not 0.0 <= self.frequency_share <= 1.0:
-            raise ValueError(f"frequency_share must be in [0, 1], got {self.frequency_share}.")
-        if min(self.lr, self.clip) <= 0 or min(self.weight_decay, self.lambda_prism, self.code_l2) < 0:
-            raise ValueError("lr and clip must be positive; weight_decay, lambda_prism and code_l2 non-negative.")
-
-    @classmethod
-    def preset(cls, name: Preset = "small", **overrides) -> ReadoutFitConfig:
-        """``"small"``: sized for a 2-core CPU on a 49k-vocabulary, d=576 model (the shipped release's ``small``);
-        ``"paper"``: 32×d, k=256, 20k steps, 4096 rows per step (a GPU job). ``"cpu"`` is the old name of ``"small"``."""
-        if name in ("small", "cpu"):
-            return cls(**overrides)
-        if name == "paper":
-            return cls(
-                **{"width_mult": 32, "k": 256, "steps": 20_000, "batch_rows": 4096, "batch_pairs": 1024, **overrides}
-            )
-        raise ValueError(f"Unknown preset {name!r}; choose 'small' or 'paper'.")
 
 
 @dataclass

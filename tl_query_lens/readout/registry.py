@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from tl_query_lens.readout.config import RELEASE_PREFIX
 from tl_query_lens.releases import LocalReleases, ReleaseIds
 
 LOADER_NAME = "tlql_readout"
-RELEASE_PREFIX = "tlql-readout-"
 
 
 def shipped_releases() -> dict[str, dict[str, Any]]:
@@ -137,3 +137,6 @@ __all__ = [
     "release_name",
     "shipped_releases",
 ]
+
+
+register_releases()  # importing this module registers the releases (the package lists it in its `first` modules)

@@ -253,8 +253,9 @@ class ReadoutSAE(SAE[ReadoutSAEConfig]):
 
 
 # ``ReadoutSAE.fit`` / ``.decompose`` call functions of modules that import this one (fit.py builds ReadoutSAEs,
-# decompose.py reads them). Those modules register the functions here when they are imported (the readout package
-# imports both), so the dependency points one way: fit.py / decompose.py -> sae.py.
+# decompose.py reads them). Those modules register the functions here when they are imported (the first name used
+# from the readout package, or from tl_query_lens, imports both), so the dependency points one way: fit.py /
+# decompose.py -> sae.py.
 _OPERATIONS: dict[str, Callable[..., Any]] = {}
 
 
@@ -264,8 +265,11 @@ def register_operation(name: str, function: Callable[..., Any]) -> None:
 
 
 def _operation(name: str) -> Callable[..., Any]:
-    if name not in _OPERATIONS:  # only when sae.py was loaded without its package (never through an import)
-        raise RuntimeError(f"ReadoutSAE.{name} needs tl_query_lens.readout.{name}: import tl_query_lens.readout.")
+    if name not in _OPERATIONS:  # only when sae.py was imported alone, not through a name of its package
+        raise RuntimeError(
+            f"ReadoutSAE.{name} needs tl_query_lens.readout.{name}: import it (or `from tl_query_lens.readout import "
+            "ReadoutSAE`, which does)."
+        )
     return _OPERATIONS[name]
 
 

@@ -41,12 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tl_query_lens.atlas.config import BOT_CREATOR
 from tl_query_lens.models import _ALIASES
 from tl_query_lens.results import atomic_write_text
 
-#: The bot user of Neuronpedia's database seed (``apps/webapp/prisma/seed.ts``), present on every fresh instance.
-BOT_CREATOR = "clkht01d40000jv08hvalcvly"
-VISIBILITIES = ("PUBLIC", "UNLISTED", "PRIVATE")
 BATCH = 5000  # features per batch file, as in Neuronpedia's own exports
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 #: Display characters of :mod:`tl_query_lens.report.tokens` and the raw text they stand for.

@@ -15,15 +15,17 @@ from typing import Any, Literal
 
 from sae_lens import SAE
 
-from tl_query_lens.certify.protocol import ProtocolCertification, ProtocolCertifyConfig, certify_protocol
+from tl_query_lens.certify.config import ProtocolCertifyConfig
+from tl_query_lens.certify.protocol import ProtocolCertification, certify_protocol
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV
+from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS, Table1Config
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
-from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
-from tl_query_lens.query_lens.table1 import Table1Config, evaluate_table1
+from tl_query_lens.query_lens.table1 import evaluate_table1
 from tl_query_lens.readout import collect_states
-from tl_query_lens.readout.protocols.paper import PaperReadoutConfig, PaperReadoutDiagnostics, readout_diagnostics_paper
+from tl_query_lens.readout.config import PaperReadoutConfig
+from tl_query_lens.readout.protocols.paper import PaperReadoutDiagnostics, readout_diagnostics_paper
 from tl_query_lens.results import SavableResult
 from tl_query_lens.sources import load_dictionary, load_sources, parse_sources
 

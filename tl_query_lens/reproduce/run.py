@@ -25,47 +25,22 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, check_json_shape
 from tl_query_lens.models import weights_fingerprint
+from tl_query_lens.paths import shipped_root
 from tl_query_lens.presentation import Table
-from tl_query_lens.releases import shipped_only, shipped_root
+from tl_query_lens.releases import shipped_only
 from tl_query_lens.reproduce import rows as row_table
+from tl_query_lens.reproduce.config import ReproduceConfig
 from tl_query_lens.reproduce.experiments import EXPERIMENTS
 from tl_query_lens.reproduce.rows import Row, rows_for
 from tl_query_lens.results import SavableResult, atomic_write_text, read_json
 
 DOCUMENTED = Path(__file__).with_name("documented.json")
-
-
-@dataclass
-class ReproduceConfig:
-    """Options of :func:`reproduce`.
-
-    Attributes:
-        size: ``"full"``: the sizes the docs document (hours on a 2-core CPU); ``"quick"``: a reduced version of
-            every experiment (minutes), compared with the documented quick run.
-        experiments: run only these experiments (empty: all); names from ``tl_query_lens.reproduce.EXPERIMENTS``.
-        out: folder of the experiments' results and of the table (CSV and markdown).
-        record: write this run's figures into the package's ``documented.json`` as the documented values of
-            ``size`` (for maintainers, after checking them; the docs quote that file).
-    """
-
-    size: Literal["quick", "full"] = "full"
-    experiments: tuple[str, ...] = ()
-    out: str = "results/reproduce"
-    record: bool = False
-
-    def __post_init__(self) -> None:
-        self.experiments = tuple(self.experiments)
-        if self.size not in ("quick", "full"):
-            raise InputError(f"size must be 'quick' or 'full', got {self.size!r}.")
-        unknown = [e for e in self.experiments if e not in EXPERIMENTS]
-        if unknown:
-            raise InputError(f"Unknown experiments {unknown}; choose from {list(EXPERIMENTS)}.")
 
 
 @dataclass
@@ -238,6 +213,17 @@ def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float
     return result
 
 
+def check_experiments(names: tuple[str, ...] | list[str]) -> None:
+    """Refuse a name that is not in :data:`EXPERIMENTS` (``ReproduceConfig.experiments``).
+
+    Raises:
+        InputError: the unknown names, with the valid ones.
+    """
+    unknown = [name for name in names if name not in EXPERIMENTS]
+    if unknown:
+        raise InputError(f"Unknown experiments {unknown}; choose from {list(EXPERIMENTS)}.")
+
+
 def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Reproduction:
     """Measure every row of ``cfg.size`` (see the module docstring); writes ``reproduction.{csv,md}`` to ``cfg.out``.
 
@@ -246,6 +232,7 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
         cfg / overrides: :class:`ReproduceConfig`.
     """
     cfg = resolve_config(ReproduceConfig, cfg, overrides)
+    check_experiments(cfg.experiments)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = rows_for(cfg.size, set(cfg.experiments) or None)

@@ -68,3 +68,6 @@ SAES_RELEASES = LocalReleases(
 def register_releases(extra: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Add the suite releases to SAELens' pretrained directory; returns their names."""
     return SAES_RELEASES.register(extra)
+
+
+register_releases()  # importing this module registers the releases (the package lists it in its `first` modules)

@@ -28,9 +28,10 @@ from sae_lens.registry import get_sae_class
 
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.models import load_model
+from tl_query_lens.paths import shipped_root
 from tl_query_lens.readout.registry import READOUT_RELEASES
 from tl_query_lens.readout.sae import CODE_KEYS, ReadoutSAE, check_compatible, unembedding_rows
-from tl_query_lens.releases import MANIFEST, LocalReleases, read_shipped, shipped_root, write_manifest, write_shipped
+from tl_query_lens.releases import MANIFEST, LocalReleases, read_shipped, write_manifest, write_shipped
 from tl_query_lens.results import SavableResult
 from tl_query_lens.saes.registry import SAES_RELEASES
 from tl_query_lens.saes.report import suite_quality

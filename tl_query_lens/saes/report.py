@@ -22,11 +22,11 @@ from sae_lens import SAE, HookedSAETransformer
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from tl_query_lens.config import check_ranges
+from tl_query_lens.config import check_first_positions
 from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.hooks import check_hook, hook_layer
 from tl_query_lens.presentation import Table
-from tl_query_lens.primitives import check_first_positions, write_from
+from tl_query_lens.primitives import write_from
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
@@ -46,41 +46,6 @@ METRICS = [
     "kl",
 ]
 COLUMNS = [*ID_COLUMNS, *METRICS, "n_tokens"]
-
-
-@dataclass
-class SAEReportConfig:
-    """Evaluation tokens of the report.
-
-    Attributes:
-        corpus: corpus source; its evaluation split is used (disjoint from training by document hash).
-        n_seqs: evaluation sequences.
-        seq_len: tokens per sequence.
-        seed: which windows are drawn.
-        batch_size: sequences per forward pass.
-        exclude_first_positions: leading positions left unspliced and out of the statistics (see
-            :func:`suite_quality`).
-    """
-
-    corpus: str = "stdlib"
-    n_seqs: int = 64
-    seq_len: int = 128
-    seed: int = 0
-    batch_size: int = 8
-    exclude_first_positions: int = 1
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "n_seqs": "[1, inf)",
-        "seq_len": "[2, inf)",
-        "seed": "[0, 4294967295]",
-        "batch_size": "[1, inf)",
-        "exclude_first_positions": "[0, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        if self.n_seqs < 1 or self.seq_len < 2 or self.batch_size < 1:
-            raise ValueError("n_seqs and batch_size must be >= 1 and seq_len >= 2 (CE needs a next token).")
 
 
 _SAELENS_CELLS = [(k, ".1f" if k == "mean_l0" else ".3f") for k in ("mean_l0", "explained_variance", "ce_clean")]

@@ -186,7 +186,6 @@ def up_projection_key_view(view: KeyValueView, model: HookedTransformer) -> KeyV
     return dataclasses.replace(view, keys=W_in.T.contiguous(), read_hook=f"blocks.{layer}.{read}")
 
 
-TC_VALUES: tuple[float, ...] | None = (10.0,)  # the authors' TC clamps at α = 10 only
 input_scores = input_scores_paper
 
 

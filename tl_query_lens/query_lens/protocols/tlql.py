@@ -28,9 +28,7 @@ from tl_query_lens.query_lens.steering import TeacherForced, kl_per_row
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TC_VALUES", "input_scores", "kl_matched_alphas", "steering", "steering_top_tokens"]
-
-TC_VALUES: tuple[float, ...] | None = None  # the config's tc_values
+__all__ = ["input_scores", "kl_matched_alphas", "steering", "steering_top_tokens"]
 
 
 def steering(model, view, features, prompts, clean_text, contexts, cfg, k: int):

@@ -30,11 +30,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from tl_query_lens.config import check_ranges, resolve_config
+from tl_query_lens.config import resolve_config
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import normalise_rows
-from tl_query_lens.protocols import ProtocolName
 from tl_query_lens.readout import baselines as bl
+from tl_query_lens.readout.config import PAPER_BASELINES, PaperReadoutConfig
 from tl_query_lens.readout.decompose import decompose_rows
 from tl_query_lens.readout.diagnostics import cluster_bootstrap, covered
 from tl_query_lens.readout.sae import ReadoutSAE, check_compatible, decode_sparse, unembedding_rows
@@ -42,20 +42,6 @@ from tl_query_lens.readout.states import StateBank
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
-
-ReadoutProtocol = ProtocolName
-
-PAPER_BASELINES = (
-    "pca256",
-    "hard_assignment",
-    "kmeans_abs_cos_small",
-    "kmeans_abs_cos_full",
-    "knn_basis_excl_contrast",
-    "nearest_row_ridge_excl_contrast",
-)
-"""The authors' row-geometry baselines (their direct-geometry grid), cheapest first."""
-OWN_VARIANTS = ("kmeans_ridge_small", "kmeans_ridge_full", "knn_basis", "nearest_row_ridge")
-"""This project's readings of the same baselines, scorable on the paper's pool by name (not in the margin)."""
 
 
 def through_origin_r2(pred: torch.Tensor, meas: torch.Tensor) -> tuple[float, float]:
@@ -74,64 +60,6 @@ def random_support_own_magnitudes(sae: ReadoutSAE, *, seed: int = 0) -> torch.Te
     W_dec = sae.W_dec.detach()
     out = torch.cat([decode_sparse(i, v, W_dec) for i, v in zip(rand.split(4096), val.split(4096))])
     return out + sae.b_dec.detach()
-
-
-@dataclass
-class PaperReadoutConfig:
-    """Options of :func:`readout_diagnostics_paper`.
-
-    Attributes:
-        n_features / n_control / max_states: ablated features per contrast (10), control draws per ablated feature
-            (1), states used for the ablation. seed: random support, k-means initialisation, controls.
-        baselines: row-geometry baselines scored on the pool (default: the authors' six; ``OWN_VARIANTS`` may be
-            added by name; ``()`` for none).
-        n_neighbours / neighbour_ridge: nearest-row ridge and kNN (128 rows, λ = 1e-3, as the authors).
-        kmeans_widths: centroids of the small / full k-means (default: a quarter of the SAE's width and its width).
-        kmeans_k: centroids per row (default: the SAE's k). kmeans_iters / kmeans_ridge: 12 and 1e-4 (the authors').
-        own_kmeans_iters: iterations of this project's k-means variants (10, as ``evaluate_readout``).
-    """
-
-    n_features: int = 10
-    n_control: int = 1
-    max_states: int = 256
-    seed: int = 0
-    baselines: tuple[str, ...] = PAPER_BASELINES
-    n_neighbours: int = 128
-    neighbour_ridge: float = 1e-3
-    kmeans_widths: tuple[int, int] | None = None
-    kmeans_k: int | None = None
-    kmeans_iters: int = 12
-    kmeans_ridge: float = 1e-4
-    own_kmeans_iters: int = 10
-
-    RANGES: ClassVar[dict[str, str]] = {
-        "n_features": "[1, inf)",
-        "n_control": "[0, inf)",
-        "max_states": "[1, inf)",
-        "seed": "[0, 4294967295]",
-        "n_neighbours": "[1, inf)",
-        "neighbour_ridge": "[0, inf)",
-        "kmeans_widths": "[1, inf)",
-        "kmeans_k": "[1, inf)",
-        "kmeans_iters": "[1, inf)",
-        "kmeans_ridge": "[0, inf)",
-        "own_kmeans_iters": "[1, inf)",
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        self.baselines = tuple(self.baselines)
-        known = PAPER_BASELINES + OWN_VARIANTS
-        unknown = [b for b in self.baselines if b not in known]
-        if unknown:
-            raise ValueError(f"Unknown baselines {unknown} for protocol 'paper'; choose from {list(known)}.")
-        if min(self.n_neighbours, self.kmeans_iters, self.own_kmeans_iters) < 1 or (self.kmeans_k or 1) < 1:
-            raise ValueError("n_neighbours, kmeans_k, kmeans_iters and own_kmeans_iters must be ≥ 1.")
-        if self.kmeans_widths is not None:
-            widths = tuple(self.kmeans_widths)
-            if len(widths) != 2 or min(widths) < 1:
-                raise ValueError(f"kmeans_widths must be two positive widths (small, full), got {widths}.")
-            self.kmeans_widths = widths  # type: ignore[assignment]
 
 
 @dataclass

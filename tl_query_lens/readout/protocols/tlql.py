@@ -11,7 +11,8 @@ Where it departs from the authors' (``protocols/paper.py``):
     10 iterations and codes a row on its top-k centroids by signed cosine with λ = 1e-3 (``readout/baselines.py``).
 """
 
-from tl_query_lens.readout.evaluate import ReadoutEvalConfig, evaluate_readout
+from tl_query_lens.readout.config import ReadoutEvalConfig
+from tl_query_lens.readout.evaluate import evaluate_readout
 
 __all__ = ["ReadoutEvalConfig", "diagnostics"]
 

@@ -1,0 +1,33 @@
+"""Options of ``tlql reproduce``, torch-free: the command line builds them before torch loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tl_query_lens.errors import InputError
+
+
+@dataclass
+class ReproduceConfig:
+    """Options of :func:`~tl_query_lens.reproduce.run.reproduce`.
+
+    Attributes:
+        size: ``"full"``: the sizes the docs document (hours on a 2-core CPU); ``"quick"``: a reduced version of
+            every experiment (minutes), compared with the documented quick run.
+        experiments: run only these experiments (empty: all); names from ``tl_query_lens.reproduce.EXPERIMENTS``
+            (checked by :func:`~tl_query_lens.reproduce.run.check_experiments` before the first runs).
+        out: folder of the experiments' results and of the table (CSV and markdown).
+        record: write this run's figures into the package's ``documented.json`` as the documented values of
+            ``size`` (for maintainers, after checking them; the docs quote that file).
+    """
+
+    size: Literal["quick", "full"] = "full"
+    experiments: tuple[str, ...] = ()
+    out: str = "results/reproduce"
+    record: bool = False
+
+    def __post_init__(self) -> None:
+        self.experiments = tuple(self.experiments)
+        if self.size not in ("quick", "full"):
+            raise InputError(f"size must be 'quick' or 'full', got {self.size!r}.")
