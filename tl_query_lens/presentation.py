@@ -192,6 +192,11 @@ class Presents:
     def figures(self) -> dict[str, Any]:
         return {}
 
+    def summary_line(self) -> str:
+        """One line the command line prints after the tables ("" for none; not ``summary``: some results have a
+        ``summary()`` of their own that returns their headline numbers)."""
+        return ""
+
     def report_section(self) -> str:
         """``<section>`` with the title, the scalars as a two-column table, every table and every figure."""
         return section_html(self.title or type(self).__name__, self.scalars(), self.tables(), self.figures())

@@ -52,7 +52,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         model = load_model(cfg.run.model, device=cfg.run.device) if command.needs_model else None
         result = resolve(command.run)(model, cfg)
         present(command, cfg, result)
-    return 0
+    return int(getattr(result, "exit_status", 0))  # e.g. 1: a reproduced figure left its documented interval
 
 
 def present(command: Command, cfg: Any, result: Any) -> None:
@@ -73,4 +73,6 @@ def present(command: Command, cfg: Any, result: Any) -> None:
         lines = table.to_markdown().splitlines()
         more = len(lines) - 2 - PRINTED_ROWS
         print(f"{name}:\n" + "\n".join(lines[: 2 + PRINTED_ROWS]) + (f"\n… {more} more rows" if more > 0 else ""))
+    if result.summary_line():
+        print(result.summary_line())
     print(f"results: {out}  (report: {report})")
