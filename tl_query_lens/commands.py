@@ -42,4 +42,10 @@ COMMANDS: tuple[Command, ...] = (
         check="tl_query_lens.saes_commands:check_saes_report",
         result_name="saes_quality",
     ),
+    Command(
+        "reproduce",
+        "re-measure every reproduction row: paper | documented | this run, CSV + markdown + W&B",
+        config="tl_query_lens.reproduce.config:ReproduceCommandConfig",
+        run="tl_query_lens.reproduce.run:run_reproduce",
+    ),
 )

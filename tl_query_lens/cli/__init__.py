@@ -33,7 +33,6 @@ SUBCOMMANDS = (
     "readout",
     "certify",
     "demo",
-    "reproduce",
     "atlas",
 )
 
