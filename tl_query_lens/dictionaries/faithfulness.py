@@ -13,11 +13,12 @@ and about its square for both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
 
-from tl_query_lens.config import resolve_config
+from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.results import SavableResult
 
@@ -38,9 +39,15 @@ class FaithfulnessConfig:
     chunk: int = 1024
     seed: int = 0
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "quantile": "(0, 1)",
+        "n_rotations": "[1, inf)",
+        "chunk": "[1, inf)",
+        "seed": "[0, 4294967295]",
+    }
+
     def __post_init__(self) -> None:
-        if not 0 < self.quantile < 1 or self.n_rotations < 1:
-            raise ValueError("FaithfulnessConfig needs 0 < quantile < 1 and n_rotations ≥ 1.")
+        check_ranges(self)
 
 
 @dataclass
