@@ -171,3 +171,21 @@ def test_single_state_decomposition_has_no_state_axis():
     one, many = decompose(sae, h[1], alpha, model=model), decompose(sae, h, alpha, model=model)
     assert one.contributions.shape == (sae.cfg.d_sae,) and one.exact.shape == ()
     assert torch.allclose(one.contributions, many.contributions[1]) and torch.allclose(one.exact, many.exact[1])
+
+
+def test_aliases_and_none_spellings_of_the_saes_commands():
+    """Reference: the spellings the old options had (``--icl``, ``--batch-size``, ``--n-seqs 0`` = every window)."""
+    from tl_query_lens.cli.runner import config_of
+    from tl_query_lens.commands import COMMANDS
+
+    def parsed(*argv: str):
+        command = next(c for c in COMMANDS if c.words == list(argv[:2]))
+        parser = subcommands(subcommands(build_parser())[argv[0]])[argv[1]]
+        return config_of(command, parser.parse_args(list(argv[2:])))
+
+    train = parsed("saes", "train", "--n-seqs", "0", "--batch-size", "512", "--model", "gpt2")
+    assert train.suite.n_seqs is None and train.suite.batch_size_tokens == 512
+    assert train.suite.model == train.run.model == "gpt2"  # one option feeds both fields
+    assert parsed("saes", "train", "--n-seqs", "7").suite.n_seqs == 7
+    compare = parsed("saes", "compare", "--icl", "2", "--no-absorption")
+    assert compare.compare.absorption.n_icl_examples == 2 and compare.absorption is False

@@ -150,7 +150,7 @@ def test_saes_compare_command_on_a_tiny_model(monkeypatch, tmp_path):
         str(out),
     ]
     assert main(argv) == 0
-    rows = list(csv.DictReader((out / "comparison.csv").open()))
+    rows = list(csv.DictReader((out / "saes_compare_comparison.csv").open()))
     assert [r["label"] for r in rows] == [
         "FF-KV vanilla L1",
         "FF-KV TopK-4 L1",
@@ -160,6 +160,6 @@ def test_saes_compare_command_on_a_tiny_model(monkeypatch, tmp_path):
         "random FF-KV topk4 L1",
     ]
     assert [r["kind"] for r in rows][3] == "transcoder"
-    faith = [r["label"] for r in csv.DictReader((out / "faithfulness.csv").open())]
+    faith = [r["label"] for r in csv.DictReader((out / "saes_compare_faithfulness.csv").open())]
     assert faith == ["transcoder L1 tc1", "random FF-KV vanilla L1"]
     assert DictionaryComparison.load(out).rows[1]["mean_l0"] == pytest.approx(4.0)

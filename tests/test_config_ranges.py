@@ -42,6 +42,16 @@ def cli_configs() -> list[type]:
     finally:
         for module in patched:
             module.add_options = original
+    from tl_query_lens.commands import COMMANDS  # the runner's commands: their configs and every nested one
+
+    pending = [command.config_class() for command in COMMANDS]
+    while pending:
+        cls = pending.pop()
+        seen[cls] = None
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            nested = [k for k in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(k)]
+            pending += [k for k in nested if k not in seen and isinstance(k, type)]
     return list(seen)
 
 

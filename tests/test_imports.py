@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "sources",
             "checks",
             "commands",
+            "saes_commands",
             "tracking",
             "report",
             "atlas",

@@ -94,7 +94,7 @@ def test_tlql_saes_report_logs_the_new_metric_through_the_tracker(tmp_path, monk
     tokens = tiny_tokens(model, n_seqs=4, seq_len=10, seed=3)
     sae = _sae()
     monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
-    monkeypatch.setattr("tl_query_lens.cli.common.load_tokens", lambda *a, **k: tokens)
+    monkeypatch.setattr("tl_query_lens.corpus.load_corpus", lambda *a, **k: tokens)
     monkeypatch.setattr(
         "tl_query_lens.sources.release_sources",
         lambda release, ids: [DictionarySource(f"{release}:L1_sae", "pretrained", release, "L1_sae")],

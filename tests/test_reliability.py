@@ -370,9 +370,12 @@ def test_loading_an_sae_onto_missing_cuda_says_so(tmp_path):
 def tiny_loaders(monkeypatch):
     model = tiny_model("gated_rms")
     monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
-    monkeypatch.setattr(
-        "tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
-    )
+
+    def tokens(*a, n_seqs, seq_len, **kw):
+        return tiny_tokens(model, n_seqs, seq_len)
+
+    monkeypatch.setattr("tl_query_lens.corpus.load_corpus", tokens)
+    monkeypatch.setattr("tl_query_lens.dictionaries.splice.load_corpus", tokens)  # tlql ffkv's run reads it there
     return model
 
 
@@ -405,14 +408,15 @@ def test_ctrl_c_in_ffkv_saves_the_finished_layers(tmp_path, tiny_loaders, monkey
 
 
 def test_sigterm_exits_143_with_one_line(tmp_path, monkeypatch, capsys):
-    from tl_query_lens.cli import ffkv
+    from tl_query_lens.dictionaries import splice
 
-    def killed(args):
+    def killed(model, cfg):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler interrupts this
         return 0
 
-    monkeypatch.setattr(ffkv, "run", killed)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda *a, **k: None)  # the run is the stand-in
+    monkeypatch.setattr(splice, "run_ffkv", killed)
     previous = signal.getsignal(signal.SIGTERM)
     assert main([*FFKV_ARGV, "--out", str(tmp_path / "o")]) == 143
     err = capsys.readouterr().err.strip().splitlines()

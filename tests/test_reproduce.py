@@ -5,11 +5,12 @@ run in the slow suite); what is tested is the machinery every real row goes thro
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import pytest
 
+from tl_query_lens.config import RunConfig
 from tl_query_lens.presentation import Table
 from tl_query_lens.reproduce import experiments as ex
 from tl_query_lens.reproduce import rows as rw
@@ -29,15 +30,34 @@ class FakeResult(SavableResult):
         return {"t": Table.build({"label": str, "v": float}, [[k, v] for k, v in self.per_label.items()])}
 
 
+@dataclass
+class FakeConfig:
+    """A stand-in experiment's config: ``quick()`` its reduced size.
+
+    Attributes:
+        run: where its partial results go. size: which preset.
+    """
+
+    run: RunConfig = field(default_factory=RunConfig)
+    size: str = "big"
+
+    SIZES: ClassVar[dict[str, str]] = {"quick": "tiny", "full": "big"}
+
+    @classmethod
+    def quick(cls) -> FakeConfig:
+        return cls(size="tiny")
+
+
 @pytest.fixture()
 def fake(tmp_path, monkeypatch):
     calls = {"n": 0, "score": 0.5}
 
-    def run(model, size, workdir):
+    def run(model, cfg):
         calls["n"] += 1
+        calls["cfg"] = cfg
         return FakeResult(calls["score"], [calls["score"] - 0.1, calls["score"] + 0.1], {"a": 1.0, "b": 2.0})
 
-    experiment = ex.Experiment("fake", "a stand-in", run, FakeResult, {"quick": "tiny", "full": "big"})
+    experiment = ex.Experiment("fake", "a stand-in", FakeConfig, run, FakeResult)
     rows = [
         rw.Row(
             "fake.score",
@@ -59,6 +79,8 @@ def fake(tmp_path, monkeypatch):
 
 def test_rows_are_read_through_the_presentation_interface(fake, tmp_path):
     result = rr.reproduce(None, size="quick", out=str(tmp_path / "out"))
+    # the experiment ran with its quick preset, its folder as its --out (partial results resume from there)
+    assert fake["cfg"] == FakeConfig(run=RunConfig(out=str(tmp_path / "out" / "experiments" / "fake")), size="tiny")
     by_id = {r["id"]: r for r in result.rows}
     assert set(by_id) == {"fake.score", "fake.b"}  # the full-only row is not part of a quick run
     assert by_id["fake.score"]["value"] == 0.5 and by_id["fake.score"]["value_lo"] == pytest.approx(0.4)
@@ -91,7 +113,7 @@ def test_record_then_rerun_resumes_and_checks_the_interval(fake, tmp_path):
 def test_cli_exits_nonzero_when_a_figure_is_outside(fake, tmp_path, monkeypatch):
     from tl_query_lens.cli import main
 
-    monkeypatch.setattr("tl_query_lens.cli.common.load_model", lambda run: None)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: None)
     out = str(tmp_path / "out")
     assert main(["reproduce", "--quick", "--no-wandb", "--out", out, "--record"]) == 0
     fake["score"] = 0.95
@@ -102,12 +124,11 @@ def test_an_experiment_whose_corpus_is_missing_is_skipped_with_the_install_comma
     from tl_query_lens.cli import main
 
     monkeypatch.setenv("TLQL_CACHE", str(tmp_path / "empty-cache"))  # no 'broad' corpus installed here
-    sizes = {"quick": "tiny", "full": "big"}
     needs_broad = ex.Experiment(
-        "fake", "a stand-in", lambda *a: pytest.fail("ran"), FakeResult, sizes, needs=("broad",)
+        "fake", "a stand-in", FakeConfig, lambda *a: pytest.fail("ran"), FakeResult, needs=("broad",)
     )
     monkeypatch.setattr(rr, "EXPERIMENTS", {"fake": needs_broad})
-    monkeypatch.setattr("tl_query_lens.cli.common.load_model", lambda run: None)
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: None)
     out = tmp_path / "out"
     assert main(["reproduce", "--quick", "--no-wandb", "--out", str(out)]) == 0  # skipped, not failed
     text = (out / "reproduction.md").read_text()
@@ -116,7 +137,7 @@ def test_an_experiment_whose_corpus_is_missing_is_skipped_with_the_install_comma
     assert fake["n"] == 0 and not (out / "experiments" / "fake").exists()
     # A result measured earlier (where the corpus was installed) still loads without it.
     run_once = ex.Experiment(
-        "fake", "a stand-in", lambda *a: FakeResult(0.5, [0.4, 0.6], {"b": 2.0}), FakeResult, sizes
+        "fake", "a stand-in", FakeConfig, lambda *a: FakeResult(0.5, [0.4, 0.6], {"b": 2.0}), FakeResult
     )
     monkeypatch.setattr(rr, "EXPERIMENTS", {"fake": run_once})
     rr.reproduce(None, size="quick", out=str(out))
@@ -136,6 +157,14 @@ def test_unknown_experiment_and_size_are_refused(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(InputError, match="quick"):
         ReproduceConfig(size="medium")  # type: ignore[arg-type]
+
+
+def test_every_real_experiment_has_two_sizes():
+    """Each experiment is a config and a run: ``quick()`` is a smaller preset than the documented default."""
+    for name, experiment in ex.EXPERIMENTS.items():
+        full, quick = experiment.preset("full"), experiment.preset("quick")
+        assert type(full) is type(quick) is experiment.config and full != quick, name
+        assert set(experiment.sizes) == {"quick", "full"}, name
 
 
 def test_every_real_row_names_an_experiment_and_a_reader():

@@ -20,4 +20,33 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.dictionaries.splice:run_ffkv",
         check="tl_query_lens.dictionaries.splice:check_ffkv",
     ),
+    Command(
+        "saes compare",
+        "FF-KV (vanilla / TopK / normalized) vs SAE vs transcoder vs a random model, one table",
+        config="tl_query_lens.saes.config:SAECompareCommandConfig",
+        run="tl_query_lens.saes_commands:run_saes_compare",
+        check="tl_query_lens.saes_commands:check_saes_compare",
+    ),
+    Command(
+        "saes train",
+        "train (or resume) the suite into the user cache",
+        config="tl_query_lens.saes.config:SAETrainCommandConfig",
+        run="tl_query_lens.saes_commands:run_saes_train",
+        check="tl_query_lens.saes_commands:check_saes_train",
+    ),
+    Command(
+        "saes report",
+        "quality of each trained dictionary on the evaluation split",
+        config="tl_query_lens.saes.config:SAEReportCommandConfig",
+        run="tl_query_lens.saes_commands:run_saes_report",
+        check="tl_query_lens.saes_commands:check_saes_report",
+        result_name="saes_quality",
+    ),
+    Command(
+        "reproduce",
+        "re-measure every reproduction row: paper | documented | this run, CSV + markdown + W&B",
+        config="tl_query_lens.reproduce.config:ReproduceCommandConfig",
+        run="tl_query_lens.reproduce.run:run_reproduce",
+        check="tl_query_lens.reproduce.run:check_reproduce",
+    ),
 )

@@ -193,7 +193,8 @@ class Presents:
         return {}
 
     def summary_line(self) -> str:
-        """One line the command line prints after the tables (e.g. where to open a site); empty by default."""
+        """One line the command line prints after the tables ("" for none; not ``summary``: some results have a
+        ``summary()`` of their own that returns their headline numbers)."""
         return ""
 
     def report_section(self) -> str:

@@ -276,6 +276,37 @@ def _depth_n409() -> str:
     return "\n".join(lines)
 
 
+def pool_curve() -> tuple[str, dict[tuple[int, str], dict[str, Any]]]:
+    """The largest pool-size cell of certify_pool_curve.json and its rows by (pool windows, layer): one cell's
+    calibration pass and evaluation pass give every smaller pool of the curve too."""
+    cells = {k: v for k, v in _json("certify_pool_curve.json").items() if k.startswith("saes-L24-L28-N1000-cal")}
+    name = max(cells, key=lambda k: max(r["n_cal"] for r in cells[k]["result"]["rows"]))
+    result = cells[name]["result"]
+    return name, {
+        (r["n_cal"], label.split()[1]): r for label, r in zip(result["labels"], result["rows"], strict=True)
+    }
+
+
+@table("pool-curve")
+def _pool_curve() -> str:
+    """docs/certification.md: η̂, bounds and N* per layer and pool size at N = 1,000 (one cell, every pool)."""
+    name, by = pool_curve()
+    depth = {"L24": "80 %", "L28": "93 %"}
+    lines = [
+        "| dictionary (depth) | pool: windows (tokens) | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | certifies "
+        "| N* (Occam, closed form) |",
+        "|" + "---|" * 10,
+    ]
+    for (n_cal, layer), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(
+            f"| SAE {layer} ({depth[layer]}) | {n_cal:,} ({r['cal_tokens']:,}) | {r['P']:,} / {r['m']:,} | "
+            f"{_f(r['eta_hat'], 3)} | {_f(r['R_hat'])} | {_f(r['eps_hat'], 3)} | {_f(r['bound'])} | "
+            f"{_f(r['bound_occam'])} | {'yes' if r['nontrivial_occam'] else 'no'} | "
+            f"{r['N_star_closed_form_occam']:,.0f} |"
+        )
+    return "\n".join(lines) + f"\n\nAll rows: cell `{name}` of `docs/reproduction/certify_pool_curve.json`."
+
+
 def pool_curve_phrases() -> list[str]:
     """The §4.3 sentence on the pool size at N = 1,000: per layer, η̂ and the Occam bound at 512 → 4,096 windows."""
     result = _json("certify_pool_curve.json")["saes-L24-L28-N1000-cal4096"]["result"]

@@ -106,13 +106,17 @@ def as_options(message: str, names: Iterable[str]) -> str:
 def build_config(base: Any, args: argparse.Namespace) -> Any:
     """``base`` (a config, e.g. a command's preset) with every option given on the command line applied, nested
     configs included (options made by :func:`~tl_query_lens.cli.options.add_config_options`; not given:
-    :data:`~tl_query_lens.cli.options.NOT_GIVEN`). The configs validate themselves as they are rebuilt.
+    :data:`~tl_query_lens.cli.options.NOT_GIVEN`). The configs validate themselves as they are rebuilt. The
+    ``NONE_AS`` of ``base``'s class (field → a number) names the value an option writes for None (``--n-seqs 0``:
+    every window), in ``base`` and its nested configs.
 
     Raises:
         InputError: as :func:`build`, with field names written as options.
     """
     from tl_query_lens.cli.options import NOT_GIVEN
     from tl_query_lens.errors import InputError
+
+    none_as = getattr(type(base), "NONE_AS", {})
 
     def apply(cfg: Any) -> Any:
         hints = typing.get_type_hints(type(cfg))
@@ -124,7 +128,8 @@ def build_config(base: Any, args: argparse.Namespace) -> Any:
                 if rebuilt is not value:
                     changes[f.name] = rebuilt
             elif f.init and getattr(args, f.name, NOT_GIVEN) is not NOT_GIVEN:
-                changes[f.name] = convert(getattr(args, f.name), hints[f.name], f.name)
+                given = convert(getattr(args, f.name), hints[f.name], f.name)
+                changes[f.name] = None if f.name in none_as and given == none_as[f.name] else given
         if not changes:
             return cfg
         try:

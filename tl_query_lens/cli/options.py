@@ -202,17 +202,20 @@ def add_config_options(
     skip: Iterable[str] = (),
     shown: dict[str, str] | None = None,
     taken: set[str] | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> set[str]:
     """An option per field of the config ``presets[""]`` (a nested config's fields too: ``run.model`` is
     ``--model``); ``presets`` maps how a preset is chosen (``""``, ``"--quick"``) to the config it gives, and the help
     shows each preset's default. Every option's parsed default is :data:`NOT_GIVEN`, so :func:`~tl_query_lens.cli.
     configs.build_config` applies exactly the options given on top of the chosen preset. A config class's
-    ``RUN_OPTIONS`` (a tuple of field names) limits which fields of its nested ``run`` are options. Returns the
-    option names taken (a name taken by an earlier config feeds both fields)."""
+    ``RUN_OPTIONS`` (a tuple of field names) limits which fields of its nested ``run`` are options; its ``ALIASES``
+    (field → ``"--x"``) add a second spelling of an option, nested fields' included. Returns the option names taken
+    (a name taken by an earlier config feeds both fields)."""
     base = presets[""]
     cls = type(base)
     hints, helps = typing.get_type_hints(cls), field_help(cls)
     taken, shown = set(taken or ()), shown or {}
+    aliases = {**getattr(cls, "ALIASES", {}), **(aliases or {})}
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
@@ -223,7 +226,7 @@ def add_config_options(
             nested_skip = set(skip) | (
                 {g.name for g in dataclasses.fields(kind) if g.name not in run_options} if run_options else set()
             )
-            taken = add_config_options(parser, values, skip=nested_skip, shown=shown, taken=taken)
+            taken = add_config_options(parser, values, skip=nested_skip, shown=shown, taken=taken, aliases=aliases)
             continue
         if f.name in taken or dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind)):
             continue
@@ -257,5 +260,5 @@ def add_config_options(
             choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
             spec.update(choices=choices, type=kind if kind in (int, float) else str)
             spec.update(metavar=None if choices else _METAVARS.get(kind, "TEXT"))
-        parser.add_argument(option(f.name), **spec)
+        parser.add_argument(option(f.name), *([aliases[f.name]] if f.name in aliases else []), **spec)
     return taken

@@ -37,12 +37,12 @@ def config_of(command: Command, args: argparse.Namespace) -> Any:
 def run_command(command: Command, args: argparse.Namespace) -> int:
     """Build, check, run and present ``command``; user errors raise :class:`~tl_query_lens.errors.InputError`
     before the model loads where the checks allow (``tlql`` prints them as one line, exit status 2)."""
+    cfg = config_of(command, args)  # torch-free: a bad option is refused before anything heavy is imported
     from tl_query_lens.checks import check_run
     from tl_query_lens.models import load_model
     from tl_query_lens.paths import output_folder
     from tl_query_lens.wandb_env import check_wandb_mode
 
-    cfg = config_of(command, args)
     dims = check_run(cfg.run)
     if command.check:
         resolve(command.check)(cfg, dims)
@@ -52,7 +52,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         model = load_model(cfg.run.model, device=cfg.run.device) if command.needs_model else None
         result = resolve(command.run)(model, cfg)
         present(command, cfg, result)
-    return 0
+    return int(getattr(result, "exit_status", 0))  # e.g. 1: a reproduced figure left its documented interval
 
 
 def present(command: Command, cfg: Any, result: Any) -> None:

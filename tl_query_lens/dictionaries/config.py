@@ -126,9 +126,15 @@ class FaithfulnessConfig:
     chunk: int = 1024
     seed: int = 0
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "quantile": "(0, 1)",
+        "n_rotations": "[1, inf)",
+        "chunk": "[1, inf)",
+        "seed": "[0, 4294967295]",
+    }
+
     def __post_init__(self) -> None:
-        if not 0 < self.quantile < 1 or self.n_rotations < 1:
-            raise ValueError("FaithfulnessConfig needs 0 < quantile < 1 and n_rotations ≥ 1.")
+        check_ranges(self)
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The measurements behind docs/reproduction.md and docs/ffkv_comparison.md, each at two sizes.
 
-An experiment is one call of the library's own API (the same function the CLI calls) on the shipped dictionaries;
-it returns a result object, and the rows of :mod:`tl_query_lens.reproduce.rows` read their figure from that object's
-presentation interface (``scalars()`` / ``tables()``), never from a column list of their own. ``full`` is the size
-the docs document; ``quick`` a reduced version of the same measurement for ``tlql reproduce --quick``.
+An experiment has the shape of every command (:mod:`tl_query_lens.command`): a config
+(:mod:`tl_query_lens.reproduce.experiment_config`: its defaults the size the docs document, its ``quick()`` the
+reduced size of ``tlql reproduce --quick``) and ``run(model, cfg)``, one call of the library's own API on the shipped
+dictionaries that returns a result object. The rows of :mod:`tl_query_lens.reproduce.rows` read their figure from that
+object's presentation interface (``scalars()`` / ``tables()``), never from a column list of their own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,20 @@ from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS, Table1Config
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.table1 import evaluate_table1
+from tl_query_lens.ranges import parse_layers
 from tl_query_lens.readout import collect_states
 from tl_query_lens.readout.config import PaperReadoutConfig
 from tl_query_lens.readout.protocols.paper import PaperReadoutDiagnostics, readout_diagnostics_paper
+from tl_query_lens.reproduce.experiment_config import (
+    CertifyBroadConfig,
+    CertifyBroadFFKVConfig,
+    CertifyDepthConfig,
+    CertifyFFKVConfig,
+    FFKVComparisonConfig,
+    ReadoutPaperConfig,
+    Table1BroadConfig,
+    Table1ExperimentConfig,
+)
 from tl_query_lens.results import SavableResult
 from tl_query_lens.sources import load_dictionary, load_sources, parse_sources
 
@@ -37,22 +49,32 @@ SUITE_LAYERS = (6, 12, 18, 24)
 
 @dataclass(frozen=True)
 class Experiment:
-    """One measurement: ``run(model, size, workdir) -> result`` and the result class that loads it back.
+    """One measurement, shaped as a command: its config class and ``run(model, cfg) -> result``.
 
     Attributes:
         name: folder name of its saved result. what: one line for the progress output.
+        config: its config class: ``config()`` is the documented (full) size, ``config.quick()`` the quick one;
+            its ``SIZES`` say what each means, in words (written into the table's provenance).
         run: the measurement. result_cls: how its saved result is read back (resume).
-        sizes: what ``quick`` and ``full`` mean, in words (written into the table's provenance).
         needs: optional corpora it reads (``"broad"``): where one is not installed the experiment is skipped with
             the command that installs it, and its rows are reported as not measured.
     """
 
     name: str
     what: str
-    run: Callable[[Any, Size, Path], SavableResult]
+    config: Any
+    run: Callable[[Any, Any], SavableResult]
     result_cls: type[SavableResult]
-    sizes: dict[str, str]
     needs: tuple[str, ...] = ()
+
+    def preset(self, size: Size) -> Any:
+        """The config of ``size``: ``config.quick()`` or ``config()``."""
+        return self.config.quick() if size == "quick" else self.config()
+
+    @property
+    def sizes(self) -> dict[str, str]:
+        """What ``quick`` and ``full`` mean, in words."""
+        return dict(self.config.SIZES)
 
 
 def _suite(model, sae_ids: list[str]) -> dict[str, Any]:
@@ -63,28 +85,25 @@ def _residual_id(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_post"
 
 
-def certify_ffkv(model, size: Size, workdir: Path) -> SavableResult:
+def _layers(cfg: Any) -> tuple[int, ...]:
+    return tuple(parse_layers(cfg.run.layers, None))
+
+
+def certify_ffkv(model, cfg: CertifyFFKVConfig) -> SavableResult:
     """Paper protocol, FF-KV TopK-64 of layer 24, with its feature-shuffled twin (reproduction §1, first rows)."""
-    n_cal, n_eval = (128, None) if size == "full" else (128, 128)
-    cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, shuffle=True)
-    return certify_protocol(model, {"ffkv L24": FFKV.from_model(model, 24, "topk", 64)}, "embedded", cfg=cfg)
+    certify = ProtocolCertifyConfig(protocol="paper", n_cal=cfg.n_cal, n_eval=cfg.n_eval, shuffle=True)
+    dictionaries = {f"ffkv L{layer}": FFKV.from_model(model, layer, "topk", cfg.k) for layer in _layers(cfg)}
+    return certify_protocol(model, dictionaries, cfg.run.corpus, cfg=certify)
 
 
-def certify_depth(model, size: Size, workdir: Path) -> SavableResult:
+def certify_depth(model, cfg: CertifyDepthConfig) -> SavableResult:
     """Paper protocol on the residual SAEs of layers 6/12/18/24 with a 512-window pool (reproduction §1, depth)."""
-    n_cal, n_eval = (512, None) if size == "full" else (256, 128)
+    layers = _layers(cfg)
     saes = {
-        f"sae L{layer}": sae
-        for layer, sae in zip(SUITE_LAYERS, _suite(model, [_residual_id(x) for x in SUITE_LAYERS]).values())
+        f"sae L{layer}": sae for layer, sae in zip(layers, _suite(model, [_residual_id(x) for x in layers]).values())
     }
-    cfg = ProtocolCertifyConfig(protocol="paper", n_cal=n_cal, n_eval=n_eval, exclude_first_positions=1)
-    return certify_protocol(model, saes, "embedded", cfg=cfg)
-
-
-# §4.3: the two dictionary families certified on the 'broad' corpus, as ``--dictionary`` specs (FF-KV is spliced
-# through TopK-64 like every proxy of the paper protocol).
-BROAD_FAMILIES = {"saes": ",".join(f"{SUITE}:{_residual_id(x)}" for x in SUITE_LAYERS), "ffkv": "ffkv"}
-BROAD_SIZES = {"full": (512, 5000), "quick": (128, 128)}  # (n_cal, N)
+    certify = ProtocolCertifyConfig(protocol="paper", n_cal=cfg.n_cal, n_eval=cfg.n_eval, exclude_first_positions=1)
+    return certify_protocol(model, saes, cfg.run.corpus, cfg=certify)
 
 
 def certify_sources(
@@ -96,74 +115,72 @@ def certify_sources(
     return certify_protocol(model, {d.label: d.sae for d in loaded}, corpus, cfg=cfg)
 
 
-def certify_broad(family: str) -> Callable[[Any, Size, Path], SavableResult]:
+def broad_family(family: str, layers: tuple[int, ...] = SUITE_LAYERS) -> str:
+    """§4.3's dictionary families as ``--dictionary`` specs: ``"saes"`` the suite's residual SAEs at ``layers``,
+    ``"ffkv"`` FF-KV (spliced through TopK-64 like every proxy of the paper protocol)."""
+    return ",".join(f"{SUITE}:{_residual_id(x)}" for x in layers) if family == "saes" else "ffkv"
+
+
+#: §4.3's two families at the suite's layers (``benchmarks/certify_large_n.py`` certifies the same specs).
+BROAD_FAMILIES = {family: broad_family(family) for family in ("saes", "ffkv")}
+
+
+def certify_broad(model, cfg: CertifyBroadConfig) -> SavableResult:
     """Paper protocol on the 'broad' corpus for one family of layers 6/12/18/24 (reproduction §4.3): full is the
     ``<family>-N5000-cal512`` cell of ``benchmarks/certify_large_n.py`` (the same call)."""
-
-    def run(model, size: Size, workdir: Path) -> SavableResult:
-        n_cal, n_eval = BROAD_SIZES[size]
-        cfg = ProtocolCertifyConfig(
-            protocol="paper",
-            n_cal=n_cal,
-            n_eval=n_eval,
-            exclude_first_positions=1,
-            checkpoint_dir=str(workdir / "partial"),  # a stopped run resumes after its last saved window
-        )
-        return certify_sources(model, BROAD_FAMILIES[family], "broad", cfg)
-
-    return run
-
-
-def readout_paper(model, size: Size, workdir: Path) -> SavableResult:
-    """The authors' readout diagnostics on final-layer states with the shipped ``small`` readout SAE (§2)."""
-    sae = SAE.from_pretrained(READOUT, "small", device=str(model.cfg.device))
-    n_seqs = 32 if size == "full" else 16
-    tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=17, split="evaluation")
-    states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    cfg = PaperReadoutConfig() if size == "full" else PaperReadoutConfig(max_states=64)
-    return readout_diagnostics_paper(model, sae, states, cfg=cfg)
-
-
-def table1_saes(model, size: Size, workdir: Path) -> SavableResult:
-    """Query Lens Table 1 under the paper's protocol on the shipped residual SAEs' features (§3)."""
-    return _table1(model, size, workdir, "stdlib")
-
-
-def table1_broad(model, size: Size, workdir: Path) -> SavableResult:
-    """Table 1 as :func:`table1_saes`, with the max-activating contexts searched in 'broad' prose instead of
-    docstrings (§4.2, the corpus-kind factor; its features are drawn among those active in that prose)."""
-    return _table1(model, size, workdir, "broad")
-
-
-def _table1(model, size: Size, workdir: Path, maxact_corpus: str) -> SavableResult:
-    layers = SUITE_LAYERS if size == "full" else (12, 24)
-    saes: dict[int | str, Any] = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
-    per_layer, n_seqs, n_prompts, n_generate = (13, 128, 2, 10) if size == "full" else (6, 48, 1, 5)
-    cfg = Table1Config(
+    certify = ProtocolCertifyConfig(
         protocol="paper",
-        features_per_layer=per_layer,
+        n_cal=cfg.n_cal,
+        n_eval=cfg.n_eval,
         exclude_first_positions=1,
-        prompts=tuple(NEUTRAL_PROMPTS[:n_prompts]),
-        n_generate=n_generate,
+        checkpoint_dir=str(Path(cfg.run.out) / "partial"),  # a stopped run resumes after its last saved window
+    )
+    layers = _layers(cfg)
+    return certify_sources(model, broad_family(cfg.family, layers), cfg.run.corpus, certify, layers)
+
+
+def readout_paper(model, cfg: ReadoutPaperConfig) -> SavableResult:
+    """The authors' readout diagnostics on final-layer states with the shipped ``small`` readout SAE (§2)."""
+    sae = SAE.from_pretrained(READOUT, cfg.sae_id, device=str(model.cfg.device))
+    run = cfg.run
+    tokens = load_corpus(run.corpus, model, n_seqs=run.n_seqs, seq_len=run.seq_len, split="evaluation")
+    states = collect_states(model, tokens, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    paper = PaperReadoutConfig() if cfg.max_states is None else PaperReadoutConfig(max_states=cfg.max_states)
+    return readout_diagnostics_paper(model, sae, states, cfg=paper)
+
+
+def table1(model, cfg: Table1ExperimentConfig) -> SavableResult:
+    """Query Lens Table 1 under the paper's protocol on the shipped residual SAEs' features (§3); with
+    :class:`~tl_query_lens.reproduce.experiment_config.Table1BroadConfig` the max-activating contexts are searched
+    in 'broad' prose instead of docstrings (§4.2, the corpus-kind factor; its features are drawn among those active
+    in that prose)."""
+    layers = _layers(cfg)
+    saes: dict[int | str, Any] = dict(zip(layers, _suite(model, [_residual_id(x) for x in layers]).values()))
+    workdir = Path(cfg.run.out)
+    table1_cfg = Table1Config(
+        protocol="paper",
+        features_per_layer=cfg.features_per_layer,
+        exclude_first_positions=1,
+        prompts=tuple(NEUTRAL_PROMPTS[: cfg.n_prompts]),
+        n_generate=cfg.n_generate,
         cache_dir=str(workdir / "operators"),
         checkpoint_dir=str(workdir / "parts"),  # a stopped run resumes layer by layer
     )
     op_tokens = load_corpus("stdlib", model, n_seqs=2, seq_len=32, split="train")
-    ev_tokens = load_corpus(maxact_corpus, model, n_seqs=n_seqs, seq_len=32, split="evaluation")
-    return evaluate_table1(model, saes, op_tokens, ev_tokens, cfg=cfg)
+    ev_tokens = load_corpus(cfg.run.corpus, model, n_seqs=cfg.run.n_seqs, seq_len=cfg.run.seq_len, split="evaluation")
+    return evaluate_table1(model, saes, op_tokens, ev_tokens, cfg=table1_cfg)
 
 
-def ffkv_comparison(model, size: Size, workdir: Path) -> SavableResult:
+def ffkv_comparison(model, cfg: FFKVComparisonConfig) -> SavableResult:
     """The FF-KV paper's comparison table: FF-KV variants, the suite's SAE and transcoder, a random model (§ FF-KV)."""
-    layers = SUITE_LAYERS if size == "full" else (24,)
-    n_seqs = 32 if size == "full" else 8
     dictionaries: dict[str, Any] = {}
-    for layer in layers:
+    for layer in _layers(cfg):
         dictionaries[f"L{layer} FF-KV vanilla"] = FFKV.from_model(model, layer, "vanilla")
-        dictionaries[f"L{layer} FF-KV TopK-32"] = FFKV.from_model(model, layer, "topk", 32)
+        dictionaries[f"L{layer} FF-KV TopK-{cfg.k}"] = FFKV.from_model(model, layer, "topk", cfg.k)
         suite = _suite(model, [_residual_id(layer), f"blocks.{layer}.transcoder"])
         dictionaries[f"L{layer} SAE"], dictionaries[f"L{layer} transcoder"] = suite.values()
-    tokens = load_corpus("stdlib", model, n_seqs=n_seqs, seq_len=64, split="evaluation")
+    run = cfg.run
+    tokens = load_corpus(run.corpus, model, n_seqs=run.n_seqs, seq_len=run.seq_len, split="evaluation")
     return compare_dictionaries(model, dictionaries, tokens, absorption=None)
 
 
@@ -173,65 +190,61 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment(
             "certify_ffkv",
             "certification, paper protocol, FF-KV TopK-64 L24 + shuffle",
+            CertifyFFKVConfig,
             certify_ffkv,
             ProtocolCertification,
-            {"full": "n_cal 128, one window per evaluation document (N = 409)", "quick": "n_cal 128, N = 128"},
         ),
         Experiment(
             "certify_depth",
             "certification, paper protocol, residual SAEs 6/12/18/24",
+            CertifyDepthConfig,
             certify_depth,
             ProtocolCertification,
-            {"full": "n_cal 512, N = 409", "quick": "n_cal 256, N = 128"},
         ),
-        *[
-            Experiment(
-                f"certify_broad_{family}",
-                f"certification, paper protocol, 'broad' corpus, {what} 6/12/18/24",
-                certify_broad(family),
-                ProtocolCertification,
-                {
-                    "full": "'broad' corpus, n_cal 512, N = 5,000 documents",
-                    "quick": "'broad' corpus, n_cal 128, N = 128 documents",
-                },
-                needs=("broad",),
-            )
-            for family, what in (("saes", "residual SAEs"), ("ffkv", "FF-KV TopK-64"))
-        ],
+        Experiment(
+            "certify_broad_saes",
+            "certification, paper protocol, 'broad' corpus, residual SAEs 6/12/18/24",
+            CertifyBroadConfig,
+            certify_broad,
+            ProtocolCertification,
+            needs=("broad",),
+        ),
+        Experiment(
+            "certify_broad_ffkv",
+            "certification, paper protocol, 'broad' corpus, FF-KV TopK-64 6/12/18/24",
+            CertifyBroadFFKVConfig,
+            certify_broad,
+            ProtocolCertification,
+            needs=("broad",),
+        ),
         Experiment(
             "readout_paper",
             "readout diagnostics, paper protocol, shipped 'small' readout SAE",
+            ReadoutPaperConfig,
             readout_paper,
             PaperReadoutDiagnostics,
-            {"full": "32 x 17 final-layer states, 256 ablation states", "quick": "16 x 17 states, 64 ablation states"},
         ),
         Experiment(
             "table1_saes",
             "Query Lens Table 1, paper protocol, residual-SAE features",
-            table1_saes,
+            Table1ExperimentConfig,
+            table1,
             SignatureEvaluation,
-            {
-                "full": "layers 6/12/18/24 x 13 features, 128 x 32 tokens, 2 prompts x 10 tokens, 64 operator tokens",
-                "quick": "layers 12/24 x 6 features, 48 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
-            },
         ),
         Experiment(
             "table1_broad",
             "Query Lens Table 1, paper protocol, residual-SAE features, max-activating contexts from 'broad' prose",
-            table1_broad,
+            Table1BroadConfig,
+            table1,
             SignatureEvaluation,
-            {
-                "full": "as table1_saes, the 128 x 32 max-activating tokens from the 'broad' corpus",
-                "quick": "as table1_saes quick, the 48 x 32 max-activating tokens from the 'broad' corpus",
-            },
             needs=("broad",),
         ),
         Experiment(
             "ffkv_comparison",
             "FF-KV comparison: FF-KV vs SAE vs transcoder",
+            FFKVComparisonConfig,
             ffkv_comparison,
             DictionaryComparison,
-            {"full": "layers 6/12/18/24, 32 x 64 tokens, no absorption", "quick": "layer 24, 8 x 64 tokens"},
         ),
     )
 }

@@ -22,7 +22,7 @@ import math
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
@@ -87,6 +87,20 @@ class Reproduction(SavableResult):
     def outside(self) -> list[str]:
         """Ids of the rows whose figure fell outside its documented interval."""
         return [r["id"] for r in self.rows if r["inside"] is False]
+
+    @property
+    def exit_status(self) -> int:
+        """``tlql reproduce``'s exit status: 1 when a figure fell outside its documented interval, else 0."""
+        return 1 if self.outside else 0
+
+    def summary_line(self) -> str:
+        """Where the table is, the peak memory, what was not measured and what fell outside."""
+        out = self.config.get("out", "")
+        lines = [f"table: {out}/reproduction.md, {out}/reproduction.csv; peak RSS {self.peak_rss_gb:.1f} GB"]
+        lines += [f"not measured: {name} ({why})" for name, why in self.skipped.items()]
+        if self.outside:
+            lines.append(f"{len(self.outside)} figure(s) outside their documented interval: {', '.join(self.outside)}")
+        return "\n".join(lines)
 
     def scalars(self) -> dict[str, float]:
         inside = sum(r["inside"] is True for r in self.rows)
@@ -203,8 +217,10 @@ def _experiment(name: str, model, size: str, out: Path, seconds: dict[str, float
         return experiment.result_cls.load(folder / "result")
     print(f"[{name}] {experiment.what} ({size}: {experiment.sizes[size]})", flush=True)
     start = time.perf_counter()
+    cfg = experiment.preset(size)  # type: ignore[arg-type]
+    cfg = replace(cfg, run=replace(cfg.run, out=str(folder)))  # its partial results resume from its folder
     with shipped_only():  # the documented figures are of the shipped files, not of a retrained cache entry
-        result = experiment.run(model, size, folder)  # type: ignore[arg-type]
+        result = experiment.run(model, cfg)
     seconds[name] = time.perf_counter() - start
     result.save(folder / "result")
     record = {"size": size, "fingerprint": _content_key(name, model, size), "seconds": seconds[name]}
@@ -319,3 +335,14 @@ def record(result: Reproduction, rows: list[Row], path: Path | None = None) -> N
         lo, hi = _interval(by_id[r["id"]], r["value"], r["value_lo"], r["value_hi"])
         size[r["id"]] = {"value": r["value"], "lo": lo, "hi": hi, "recorded": stamp}
     atomic_write_text(path, json.dumps(documented, indent=1, sort_keys=True) + "\n")
+
+
+def check_reproduce(cfg: Any, dims: Any) -> None:
+    """``tlql reproduce`` before the model loads: every experiment named exists."""
+    check_experiments(cfg.reproduce.experiments)
+
+
+def run_reproduce(model, cfg: Any) -> Reproduction:
+    """``tlql reproduce`` (:class:`~tl_query_lens.reproduce.config.ReproduceCommandConfig`): :func:`reproduce` with
+    the command's options; the result's ``exit_status`` is 1 when a figure left its documented interval."""
+    return reproduce(model, cfg.reproduce)

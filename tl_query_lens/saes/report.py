@@ -78,6 +78,14 @@ class SuiteQuality(SavableResult):
                 return row
         raise KeyError(f"No row {sae_id!r}; rows: {[r['sae_id'] for r in self.rows]}.")
 
+    def summary_line(self) -> str:
+        """Tokens scored, seconds taken, and how long the dictionaries were trained (``config["suite"]``)."""
+        suite = self.config.get("suite", {})
+        return (
+            f"{self.n_tokens} evaluation tokens, {self.seconds:.0f} s; dictionaries trained on "
+            f"{suite.get('training_tokens_seen', '?')} tokens each ({suite.get('status', '?')})"
+        )
+
     def markdown(self) -> str:
         """The table as Markdown (the columns of docs/saes.md)."""
         head = "| id | L0 | alive (eval) | alive (train window) | EV | CE clean | CE splice | CE zero | CE recovered | KL |"

@@ -85,6 +85,14 @@ class SAESuiteResult(SavableResult):
     complete: bool
     config: dict[str, Any] = field(default_factory=dict)
 
+    def summary_line(self) -> str:
+        """The release, what was trained and how long each phase took."""
+        return (
+            f"{self.release}: {len(self.sae_ids)} dictionaries, {self.training_tokens_seen} tokens each "
+            f"({self.epochs:.1f} epochs over {self.n_cached_tokens} cached tokens) in {self.folder}; "
+            f"activation pass {self.seconds_activations:.0f} s, training {self.seconds_training:.0f} s"
+        )
+
 
 class ShuffledEpochs:
     """Seeded shuffled batches over an activation cache, epoch after epoch.
