@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ranges",
             "budget",
             "wandb_env",
+            "estimates",
         ),
     ),
     ("engine", ("operators",)),

@@ -17,7 +17,7 @@ from tl_query_lens.certify.certify import certify
 from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import check_ranges, resolve_config
 from tl_query_lens.corpus import load_corpus
-from tl_query_lens.demo_progress import Progress, clock, seconds_per_token, step_estimates
+from tl_query_lens.demo_progress import Progress, clock, step_estimates
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.splice import ffkv_summary
 from tl_query_lens.models import cache_dir, load_model
@@ -348,16 +348,18 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
             ("certify", _certify_step),
         ]
         np_path = cfg.out / "atlas" / "exports" / "neuronpedia"
-        progress = Progress(step_estimates(cfg, seconds_per_token(model, cfg)), start)
-        for index, (name, step) in enumerate(steps, 1):
-            t0 = time.perf_counter()
-            progress.begin(index, name)
-            result = step(model, cfg, tracker)
-            if isinstance(result, tuple):
-                result, np_path = result
-            sections.append(result)  # type: ignore[arg-type]
-            seconds[name] = time.perf_counter() - t0
-            progress.end(name, seconds[name])
+        # the estimates come from the first forward batch of the first step (its own batch, no extra one)
+        progress = Progress([name for name, _ in steps], lambda rate: step_estimates(cfg, rate), start)
+        with progress.on_forward(model):
+            for index, (name, step) in enumerate(steps, 1):
+                t0 = time.perf_counter()
+                progress.begin(index, name)
+                result = step(model, cfg, tracker)
+                if isinstance(result, tuple):
+                    result, np_path = result
+                sections.append(result)  # type: ignore[arg-type]
+                seconds[name] = time.perf_counter() - t0
+                progress.end(name, seconds[name])
         logger.info("demo: %d steps done in %s", len(steps), clock(time.perf_counter() - start))
         seconds["total"] = time.perf_counter() - start
         timing = [[k, round(v, 1)] for k, v in seconds.items()]
