@@ -55,7 +55,7 @@ def test_the_clock_times_the_first_real_batch_and_adds_none(caplog, monkeypatch)
                 seen.append([r.getMessage() for r in caplog.records])
         model(tiny_tokens(model, 4, 8))  # outside the block: the clock's hook is gone
     assert calls == [32, 32, 32, 32]  # the caller's four batches, nothing more
-    line = "pass: estimated wall time 0:08 (3 forward batches at 2.5 s each, the first one timed here); a smaller --n"
+    line = "pass: estimated wall time 0:08 (3 forward batches at 2.5 s each, as the first took here); a smaller --n"
     assert seen == [[], [line + " shrinks it"], [line + " shrinks it"]]  # once, right after the first batch
     assert not model.hook_embed._forward_pre_hooks
 

@@ -204,18 +204,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
-    # Every feature of the cards' dictionary, so that no atlas link leads to a feature it lacks (the corpus pass costs
-    # the same for 8 or 1,536 features). Without signatures: for a dictionary wider than d_model they need the full
-    # d x d operators (d tangents instead of the cards' n_features; docs/atlas.md, "The demo report"); the cards
-    # carry the signatures and shares.
-    atlas_cfg = AtlasConfig(
-        out=cfg.out / "atlas",
-        corpus=cfg.corpus,
-        seed=cfg.seed,
-        n_tokens=cfg.atlas_tokens,
-        signatures=False,
-    )
-    atlas = build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
+    atlas = demo_atlas(model, cfg, lens)
     np_path = Path(atlas.out) / "exports" / "neuronpedia"
     section = Section(
         f"Query Lens vs logit lens — layer {cfg.ql_layer} FF-KV features",
@@ -230,6 +219,21 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
         cards=cards,
     )
     return section, np_path
+
+
+def demo_atlas(model, cfg: DemoConfig, lens: QueryLens | None = None):
+    """The demo's atlas (``<out>/atlas``): every feature of the cards' dictionary, so that no link leads to a feature it
+    lacks (the corpus pass costs the same for 8 or 1,536 features). Without signatures: for a dictionary wider than
+    d_model they need the full d x d operators (d tangents instead of the cards' n_features; docs/atlas.md, "The demo
+    report"); the cards carry the signatures and shares."""
+    atlas_cfg = AtlasConfig(
+        out=cfg.out / "atlas",
+        corpus=cfg.corpus,
+        seed=cfg.seed,
+        n_tokens=cfg.atlas_tokens,
+        signatures=False,
+    )
+    return build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
 
 
 def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:

@@ -1,4 +1,4 @@
-"""``tlql demo``'s overall progress: step i of n, elapsed time, an estimated total from the run's first forward batch
+"""``tlql demo``'s and ``tlql reproduce``'s overall progress: step i of n, elapsed time, an estimated total from the run's first forward batch
 (:class:`~tl_query_lens.estimates.BatchClock`, no extra batch), rescaled by the steps finished, and a warning naming the
 option that shrinks a step estimated over a minute."""
 
@@ -14,9 +14,6 @@ import torch
 # announce and seconds_per_batch: the certify command imports them from here until the command runner's rewrite
 from tl_query_lens.estimates import BatchClock, announce, clock, seconds_per_batch  # noqa: F401
 from tl_query_lens.readout.registry import READOUT_RELEASES
-
-logger = logging.getLogger("tl_query_lens.demo")
-
 
 # Cost of each step in units of one timed forward token (seconds_per_token), as "fixed + per token". Set from the
 # measured quick demo in docs/benchmarks/demo_quick.json (step seconds / seconds per token of that run); the split
@@ -50,14 +47,20 @@ class Progress:
     """One overall progress line per step: step i of n, elapsed, and the total ETA. The step estimates come from
     ``estimator(seconds per token)`` once the first forward batch of the run is timed (:meth:`on_forward`: the run's
     own batch, no extra one); each remaining step's estimate is then scaled by the measured / estimated time of the
-    steps finished so far (1 before the first one finishes)."""
+    steps finished so far (1 before the first one finishes). ``command`` names the lines and their logger
+    (``tl_query_lens.<command>``)."""
 
     steps: list[str]
     estimator: Callable[[float], dict[str, tuple[float, str]]]
     start: float
+    command: str = "demo"
     estimates: dict[str, tuple[float, str]] = field(default_factory=dict)
     done: dict[str, float] = field(default_factory=dict)
     current: str | None = None
+
+    @property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(f"tl_query_lens.{self.command}")
 
     def scale(self) -> float:
         guessed = sum(self.estimates[name][0] for name in self.done)
@@ -76,8 +79,9 @@ class Progress:
         """Set the estimates from the first forward batch's seconds per token; log the total and, when the running
         step is estimated over a minute, its warning."""
         self.estimates = self.estimator(seconds_per_token)
-        logger.info(
-            "demo: first forward batch timed (%.2g s per token); estimated total %s",
+        self.logger.info(
+            "%s: first forward batch timed (%.2g s per token); estimated total %s",
+            self.command,
             seconds_per_token,
             clock(self.total()),
         )
@@ -87,8 +91,9 @@ class Progress:
         self.current = name
         elapsed = clock(time.perf_counter() - self.start)
         total = clock(self.total()) if self.estimates else "after the first forward batch"
-        logger.info(
-            "demo: step %d of %d (%s); elapsed %s, estimated total %s", index, len(self.steps), name, elapsed, total
+        n = len(self.steps)
+        self.logger.info(
+            "%s: step %d of %d (%s); elapsed %s, estimated total %s", self.command, index, n, name, elapsed, total
         )
         self._warn()
 
@@ -97,8 +102,9 @@ class Progress:
             return
         estimate, option = self.estimates[self.current]
         if estimate * self.scale() > 60:
-            logger.info(
-                "demo: %s will take about %s; a smaller %s shrinks it",
+            self.logger.info(
+                "%s: %s will take about %s; a smaller %s shrinks it",
+                self.command,
                 self.current,
                 clock(estimate * self.scale()),
                 option,

@@ -76,10 +76,12 @@ def seconds_per_batch(model, batch: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
-def estimate(command: str, n_batches: float, option: str, unit: str = "forward batches") -> BatchClock:
+def estimate(
+    command: str, n_batches: float, option: str, unit: str = "forward batches", n_first: int = 1
+) -> BatchClock:
     """A :class:`BatchClock` that logs the one-line estimate of a heavy pass (:func:`announce`) right after the
-    pass's first batch (as the second starts): ``n_batches`` batches at the first one's wall time."""
-    return BatchClock(lambda seconds, _tokens: announce(command, n_batches, seconds, option, unit))
+    pass's first ``n_first`` batches (as the next starts): ``n_batches`` batches at their mean wall time."""
+    return BatchClock(lambda seconds, _tokens: announce(command, n_batches, seconds, option, unit), max(1, n_first))
 
 
 def announce(command: str, n_batches: float, seconds_each: float, option: str, unit: str = "forward batches") -> float:
@@ -87,7 +89,7 @@ def announce(command: str, n_batches: float, seconds_each: float, option: str, u
     from a :class:`BatchClock`). Returns the estimated seconds."""
     total = n_batches * seconds_each
     logger.info(
-        "%s: estimated wall time %s (%g %s at %.2g s each, the first one timed here); a smaller %s shrinks it",
+        "%s: estimated wall time %s (%g %s at %.2g s each, as the first took here); a smaller %s shrinks it",
         command,
         clock(total),
         n_batches,

@@ -9,13 +9,18 @@ the docs document; ``quick`` a reduced version of the same measurement for ``tlq
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from sae_lens import SAE
 
-from tl_query_lens.certify.protocol import ProtocolCertification, ProtocolCertifyConfig, certify_protocol
+from tl_query_lens.certify.protocol import (
+    ProtocolCertification,
+    ProtocolCertifyConfig,
+    certify_protocol,
+    forward_batches,
+)
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV
@@ -43,6 +48,8 @@ class Experiment:
         sizes: what ``quick`` and ``full`` mean, in words (written into the table's provenance).
         needs: optional corpora it reads (``"broad"``): where one is not installed the experiment is skipped with
             the command that installs it, and its rows are reported as not measured.
+        forward_tokens: its cost model per size, in tokens through the model (times the seconds per token of the
+            run's first forward batch, it gives ``reproduce``'s estimate; see :func:`forward_tokens`).
     """
 
     name: str
@@ -51,6 +58,24 @@ class Experiment:
     result_cls: type[SavableResult]
     sizes: dict[str, str]
     needs: tuple[str, ...] = ()
+    forward_tokens: dict[str, int] = field(default_factory=dict)
+
+
+# The cost models, in tokens through the model. A certificate: its forward batches (``forward_batches``, one window a
+# batch) of 32 tokens; the paper's full N is every eligible document (409 in the embedded corpus). Table 1: per layer
+# the max-activating pass, and per feature its steering (a generated token counted as one pass of a 16-token prompt)
+# and two operator tangents (each counted as one pass of the 64 operator tokens). FF-KV comparison: a clean and a
+# spliced pass per dictionary. Readout: the final-layer states (its diagnostics run no forward pass). These are
+# approximations: ``reproduce`` rescales what is left by the measured / estimated time of the experiments done.
+PAPER_N = 409
+
+
+def _certify_tokens(n_cal: int, n_eval: int, n_proxies: int) -> int:
+    return forward_batches(n_cal, n_eval, 1, n_proxies) * 32
+
+
+def _table1_tokens(layers: int, per_layer: int, n_seqs: int, n_prompts: int, n_generate: int) -> int:
+    return layers * (n_seqs * 32 + per_layer * (n_prompts * n_generate * 16 + 2 * 64))
 
 
 def _suite(model, sae_ids: list[str]) -> dict[str, Any]:
@@ -174,6 +199,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             certify_ffkv,
             ProtocolCertification,
             {"full": "n_cal 128, one window per evaluation document (N = 409)", "quick": "n_cal 128, N = 128"},
+            forward_tokens={"full": _certify_tokens(128, PAPER_N, 2), "quick": _certify_tokens(128, 128, 2)},
         ),
         Experiment(
             "certify_depth",
@@ -181,6 +207,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             certify_depth,
             ProtocolCertification,
             {"full": "n_cal 512, N = 409", "quick": "n_cal 256, N = 128"},
+            forward_tokens={"full": _certify_tokens(512, PAPER_N, 4), "quick": _certify_tokens(256, 128, 4)},
         ),
         *[
             Experiment(
@@ -193,6 +220,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                     "quick": "'broad' corpus, n_cal 128, N = 128 documents",
                 },
                 needs=("broad",),
+                forward_tokens={size: _certify_tokens(n_cal, n, 4) for size, (n_cal, n) in BROAD_SIZES.items()},
             )
             for family, what in (("saes", "residual SAEs"), ("ffkv", "FF-KV TopK-64"))
         ],
@@ -202,6 +230,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             readout_paper,
             PaperReadoutDiagnostics,
             {"full": "32 x 17 final-layer states, 256 ablation states", "quick": "16 x 17 states, 64 ablation states"},
+            forward_tokens={"full": 32 * 17, "quick": 16 * 17},
         ),
         Experiment(
             "table1_saes",
@@ -212,6 +241,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                 "full": "layers 6/12/18/24 x 13 features, 128 x 32 tokens, 2 prompts x 10 tokens, 64 operator tokens",
                 "quick": "layers 12/24 x 6 features, 48 x 32 tokens, 1 prompt x 5 tokens, 64 operator tokens",
             },
+            forward_tokens={"full": _table1_tokens(4, 13, 128, 2, 10), "quick": _table1_tokens(2, 6, 48, 1, 5)},
         ),
         Experiment(
             "table1_broad",
@@ -223,6 +253,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                 "quick": "as table1_saes quick, the 48 x 32 max-activating tokens from the 'broad' corpus",
             },
             needs=("broad",),
+            forward_tokens={"full": _table1_tokens(4, 13, 128, 2, 10), "quick": _table1_tokens(2, 6, 48, 1, 5)},
         ),
         Experiment(
             "ffkv_comparison",
@@ -230,6 +261,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             ffkv_comparison,
             DictionaryComparison,
             {"full": "layers 6/12/18/24, 32 x 64 tokens, no absorption", "quick": "layer 24, 8 x 64 tokens"},
+            forward_tokens={"full": 4 * 4 * 2 * 32 * 64, "quick": 1 * 4 * 2 * 8 * 64},
         ),
     )
 }
