@@ -21,6 +21,9 @@ from tl_query_lens.readout.registry import READOUT_RELEASES
 # (2026-12-05): FF-KV, readout and the Query Lens operators barely grow from the quick to the full sizes, the atlas
 # pass and the certificate grow with their tokens. The total is then rescaled by the measured / estimated time of
 # the steps already finished (Progress.scale), so a faster or slower machine corrects it after the first step.
+# The rate is now the seconds per token of the run's own first forward batch (inside the first step): the same
+# unit as the plain 4 x 32 forward the factors were set with, within the noise of a loaded machine (median ratio
+# 0.91 over 3 runs, docs/benchmarks/estimate_unit.json).
 _FIXED = {"ffkv": 500.0, "operators": 900.0, "readout": 400.0}
 _PER_TOKEN = {"splice": 0.1, "operators": 0.3, "atlas": 0.4, "calibration": 0.15, "evaluation": 0.75}
 
