@@ -37,6 +37,7 @@ def main() -> None:
     from tl_query_lens.corpus import load_corpus
     from tl_query_lens.estimates import BatchClock
     from tl_query_lens.models import load_model
+    from tl_query_lens.paths import relative_command
     from tl_query_lens.tracking import Tracker
 
     load_before = os.getloadavg()
@@ -64,7 +65,7 @@ def main() -> None:
             except _Timed as timed:
                 first.append(float(timed.args[0]))
     record = {
-        "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]),
+        "command": relative_command([sys.executable, *sys.argv]),
         "started_utc": started,
         "settings": {
             "demo": "DemoConfig.quick()",
