@@ -17,3 +17,16 @@ def embedded_model():
     from tl_query_lens import load_model
 
     return load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def demo_quick_atlas(embedded_model, tmp_path_factory):
+    """The atlas ``tlql demo --quick`` builds (every feature of its cards' dictionary, the embedded model), built once
+    per session by the demo's own function (slow tests only; its cost with the link walk over it:
+    docs/benchmarks/demo_atlas_walk.json)."""
+    from tl_query_lens.demo import demo_atlas
+    from tl_query_lens.demo_config import DemoConfig
+
+    cfg = DemoConfig.quick(out=tmp_path_factory.mktemp("demo_quick"))
+    demo_atlas(embedded_model, cfg)
+    return cfg.out / "atlas", f"{cfg.ql_layer}-ffkv", embedded_model.cfg.d_mlp

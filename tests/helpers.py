@@ -217,3 +217,19 @@ def tiny_protocol_setup():
     )
     tc.cfg.metadata.hook_name_out = "blocks.1.hook_mlp_out"
     return model, tokens, {"sae": sae.eval(), "tc": tc.eval()}
+
+
+def count_forwards(model, monkeypatch) -> list[int]:
+    """Every forward call of ``model`` from the tokens from now on (``model(...)``, ``run_with_cache``,
+    ``run_with_hooks``), by its token count: ``model.forward`` wrapped on the instance, apart from the hooks the
+    estimate clock uses; calls from a residual stream (``start_at_layer``) are left out."""
+    calls: list[int] = []
+    real = model.forward
+
+    def forward(tokens, *args, **kwargs):
+        if isinstance(tokens, torch.Tensor) and tokens.ndim == 2:
+            calls.append(int(tokens.numel()))
+        return real(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    return calls

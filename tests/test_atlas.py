@@ -383,25 +383,30 @@ def test_default_lists_the_shipped_suite_under_the_models_own_name(tmp_path, mon
         assert sum(s.kind == "ffkv" for s in sources) == 2
 
 
-def test_estimate_comes_before_the_corpus_pass_and_counts_its_batches(tmp_path, monkeypatch, caplog):
-    """The one-line estimate is logged before the corpus pass, and the batches it scales by equal the batches the
-    pass encodes (counted by wrapping the dictionary encoder; one dictionary, so one call per batch)."""
+def test_estimate_follows_the_first_batch_of_the_corpus_pass_and_counts_its_batches(tmp_path, monkeypatch, caplog):
+    """The one-line estimate is logged right after the corpus pass's first batch (timed: no extra batch), and the
+    batches it scales by equal the batches the pass encodes (counted by wrapping the dictionary encoder; one
+    dictionary, so one call per batch) and the model's forward calls (every one, counted by a hook)."""
     import re
 
+    from tests.helpers import count_forwards
     from tl_query_lens.atlas import build
 
-    calls = {"n": 0, "estimated_first": None}
+    estimated_at: list[bool] = []  # per encoded batch: was the estimate already logged?
     real = build.encode
 
     def counting(d, acts):
-        if calls["estimated_first"] is None:
-            calls["estimated_first"] = any("estimated wall time" in r.getMessage() for r in caplog.records)
-        calls["n"] += 1
+        estimated_at.append(any("estimated wall time" in r.getMessage() for r in caplog.records))
         return real(d, acts)
 
     monkeypatch.setattr(build, "encode", counting)
+    model = tiny_model("gelu_ln")
+    forwards = count_forwards(model, monkeypatch)
     with caplog.at_level("INFO"):
-        _build(tiny_model("gelu_ln"), _cfg(tmp_path / "atlas", n_tokens=13 * SEQ, batch_size=4, signatures=False))
+        _build(model, _cfg(tmp_path / "atlas", n_tokens=13 * SEQ, batch_size=4, signatures=False))
     line = next(r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage())
-    assert calls["estimated_first"] is True and calls["n"] == 4  # 13 sequences in batches of 4
-    assert int(re.search(r"\((\d+) forward batches", line).group(1)) == calls["n"] and "--n-tokens" in line
+    assert estimated_at == [False, True, True, True]  # logged after the first batch, as the second starts
+    # a one-token probe of the hooks' sizes (validate_view), then 13 sequences of 16 in batches of 4, and nothing else
+    # (no extra timing batch)
+    assert forwards == [1, 4 * SEQ, 4 * SEQ, 4 * SEQ, SEQ]
+    assert int(re.search(r"\((\d+) forward batches", line).group(1)) == len(estimated_at) and "--n-tokens" in line

@@ -186,3 +186,38 @@ def test_at_n_equals_a_fresh_certification_of_the_first_n_windows(tmp_path):
     assert whole.at_n(80).rows[0]["bound_occam"] == pytest.approx(whole.rows[0]["bound_occam"], rel=1e-9)
     with pytest.raises(ValueError, match="1 <= n <= 80"):
         whole.at_n(81)
+
+
+def test_estimate_follows_the_first_batch_and_counts_the_passes_run(monkeypatch, caplog):
+    """certify_protocol logs its estimate right after its first batch (timed: no extra batch), and the forward batches
+    it scales by equal the passes run: the model's forward calls (calibration and clean passes; a forward call of its
+    own, counted by wrapping ``model.forward``) plus the proxy passes from the residual (a restricted re-run of a few
+    rows aside)."""
+    import re
+
+    from tests.helpers import count_forwards
+    from tl_query_lens.certify import losses
+
+    model = tiny_model("gelu_ln")
+    forwards = count_forwards(model, monkeypatch)
+    proxies = []
+    real = losses.run_from_residual
+
+    def proxy(*args, **kwargs):
+        if "rows" not in kwargs:
+            proxies.append(any("estimated wall time" in r.getMessage() for r in caplog.records))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(losses, "run_from_residual", proxy)
+    gen = torch.Generator().manual_seed(0)
+    cal = torch.randint(0, model.cfg.d_vocab, (5, 8), generator=gen)
+    ev = torch.randint(0, model.cfg.d_vocab, (20, 8), generator=gen)
+    saes = {"a": FFKV.from_model(model, 0, "topk", k=5), "b": FFKV.from_model(model, 2, "topk", k=5)}
+    with caplog.at_level("INFO"):
+        certify_protocol(model, saes, tokens=(cal, ev), protocol="tlql", k=5, batch_size=3, shuffle=True)
+    line = next(r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage())
+    # one-token probes of the hooks' sizes, then ceil(5/3) calibration + ceil(20/3) clean batches, and nothing more
+    assert forwards == [1] * 4 + [24, 16] + [24] * 6 + [16]
+    assert len(proxies) == 7 * 4 and all(proxies)  # 2 real + 2 shuffled proxies per batch, after the estimate
+    assert int(re.search(r"\((\d+) forward batches", line).group(1)) == len(forwards) - 4 + len(proxies)
+    assert "--n-eval" in line

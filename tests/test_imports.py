@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "budget",
             "wandb_env",
             "tensor_checks",
+            "estimates",
         ),
     ),
     ("engine", ("operators",)),

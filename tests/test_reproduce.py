@@ -209,3 +209,42 @@ def test_a_saved_experiment_is_reused_only_for_the_same_weights(fake, tmp_path):
     assert fake["n"] == 1
     rr.reproduce(model_b, size="quick", out=out)
     assert fake["n"] == 2
+
+
+def test_estimate_follows_the_first_real_batch_and_adds_none(tmp_path, monkeypatch, caplog):
+    """The overall estimate comes from the run's own first forward batch (no extra one): each experiment's cost model
+    (``forward_tokens``) times the seconds per token of that batch, on a clock the stand-in experiments advance."""
+    from tests.helpers import count_forwards, tiny_model, tiny_tokens
+
+    model = tiny_model("gelu_ln")
+    now = [0.0]
+    monkeypatch.setattr("tl_query_lens.estimates.time.perf_counter", lambda: now[0])
+
+    def stand_in(n_forwards: int):
+        def run(model, cfg):
+            for _ in range(n_forwards):
+                model(tiny_tokens(model, 4, 8))  # 32 tokens, 3.2 s each: 0.1 s per token
+                now[0] += 3.2
+            return FakeResult(0.5, [0.4, 0.6], {"a": 1.0})
+
+        return run
+
+    experiments = {
+        name: ex.Experiment(name, "a stand-in", FakeConfig, stand_in(n), FakeResult, forward_tokens={"quick": t})
+        for name, n, t in (("fake_a", 2, 64), ("fake_b", 1, 1000))
+    }
+    monkeypatch.setattr(rr, "EXPERIMENTS", experiments)
+    monkeypatch.setattr(
+        rw, "ROWS", [rw.Row(f"{n}.score", "s", "score", "-", n, ("scalar", "score")) for n in experiments]
+    )
+    monkeypatch.setattr(rr, "DOCUMENTED", tmp_path / "documented.json")
+    forwards = count_forwards(model, monkeypatch)
+    with caplog.at_level("INFO", logger="tl_query_lens.reproduce"):
+        rr.reproduce(model, size="quick", out=str(tmp_path / "out"))
+    assert forwards == [32, 32, 32]  # the stand-ins' own batches, nothing more
+    assert [r.getMessage() for r in caplog.records] == [
+        "reproduce: step 1 of 2 (fake_a); elapsed 0:00, estimated total after the first forward batch",
+        "reproduce: first forward batch timed (0.1 s per token); estimated total 1:50",  # 3.2 s + 6.4 s + 100 s
+        "reproduce: step 2 of 2 (fake_b); elapsed 0:06, estimated total 1:46",
+        "reproduce: fake_b will take about 1:40; a smaller --experiments list shrinks it",
+    ]

@@ -385,3 +385,35 @@ def test_a_fresh_run_starts_every_dictionary_at_its_training_rows_mean(cache, mo
     x_mean, y_mean = seen["blocks.1.ln2.hook_normalized"]
     assert torch.allclose(x_mean, x.mean(0), atol=2e-3) and torch.allclose(y_mean, y.mean(0), atol=2e-3)
     assert seen["blocks.1.hook_resid_post"][1] is None and len(seen) == 4
+
+
+def test_estimates_follow_the_first_real_batches_and_count_what_runs(cache, monkeypatch, caplog):
+    """``saes train`` logs two estimates, each from its own first batches (no extra batch or step): the activation pass
+    (forward batches: every forward call from the tokens, counted by wrapping ``model.forward``) and the training
+    (steps: every step, counted at SAELens' per-step progress update), both naming what they scale by."""
+    import re
+
+    from tests.helpers import count_forwards
+    from tl_query_lens.saes import train as train_module
+
+    model = tiny_model("gelu_ln")
+    tokens = tiny_tokens(model, n_seqs=20, seq_len=16)
+    forwards = count_forwards(model, monkeypatch)
+    steps: list[bool] = []  # per step: was the training estimate already logged when it ended?
+    real = train_module._CheckpointingTrainer._update_pbar
+
+    def update(self, *args, **kwargs):
+        steps.append(any(r.getMessage().startswith("saes train: estimated") for r in caplog.records))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_module._CheckpointingTrainer, "_update_pbar", update)
+    with caplog.at_level("INFO", logger="tl_query_lens.estimate"):
+        train_saes(model, SAESuiteConfig(**TINY), tokens=tokens)
+    lines = {r.getMessage().split(": estimated")[0]: r.getMessage() for r in caplog.records}
+    batches = [n for n in forwards if n > 1]  # one-token probes of the hooks' sizes aside
+    assert batches == [8 * 16, 8 * 16, 4 * 16]  # 20 sequences in batches of 8, and no other forward call
+    assert int(re.search(r"\((\d+) forward batches", lines["saes train: activation pass"]).group(1)) == len(batches)
+    assert "--n-seqs" in lines["saes train: activation pass"]
+    assert len(steps) == 1536 // 128 and int(re.search(r"\((\d+) training steps", lines["saes train"]).group(1)) == 12
+    assert steps == [False] * 5 + [True] * 7  # logged as the sixth step starts, from the first five
+    assert "--training-tokens" in lines["saes train"]

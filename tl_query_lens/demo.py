@@ -18,7 +18,7 @@ from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.demo_config import DemoConfig
-from tl_query_lens.demo_progress import Progress, clock, seconds_per_token, step_estimates
+from tl_query_lens.demo_progress import Progress, clock, step_estimates
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.splice import ffkv_summary
 from tl_query_lens.models import cache_dir, load_model
@@ -114,18 +114,7 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
                 link=f"atlas/index.html#f/{cfg.ql_layer}-ffkv/{feature}",
             )
         )
-    # Every feature of the cards' dictionary, so that no atlas link leads to a feature it lacks (the corpus pass costs
-    # the same for 8 or 1,536 features). Without signatures: for a dictionary wider than d_model they need the full
-    # d x d operators (d tangents instead of the cards' n_features; docs/atlas.md, "The demo report"); the cards
-    # carry the signatures and shares.
-    atlas_cfg = AtlasConfig(
-        out=cfg.out / "atlas",
-        corpus=cfg.corpus,
-        seed=cfg.seed,
-        n_tokens=cfg.atlas_tokens,
-        signatures=False,
-    )
-    atlas = build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
+    atlas = demo_atlas(model, cfg, lens)
     np_path = Path(atlas.out) / "exports" / "neuronpedia"
     section = Section(
         f"Query Lens vs logit lens — layer {cfg.ql_layer} FF-KV features",
@@ -140,6 +129,21 @@ def _query_lens_step(model, cfg: DemoConfig, tracker: Tracker) -> tuple[Section,
         cards=cards,
     )
     return section, np_path
+
+
+def demo_atlas(model, cfg: DemoConfig, lens: QueryLens | None = None):
+    """The demo's atlas (``<out>/atlas``): every feature of the cards' dictionary, so that no link leads to a feature it
+    lacks (the corpus pass costs the same for 8 or 1,536 features). Without signatures: for a dictionary wider than
+    d_model they need the full d x d operators (d tangents instead of the cards' n_features; docs/atlas.md, "The demo
+    report"); the cards carry the signatures and shares."""
+    atlas_cfg = AtlasConfig(
+        out=cfg.out / "atlas",
+        corpus=cfg.corpus,
+        seed=cfg.seed,
+        n_tokens=cfg.atlas_tokens,
+        signatures=False,
+    )
+    return build_atlas(model, [f"ffkv:{cfg.ql_layer}"], atlas_cfg, lens=lens)
 
 
 def _readout_step(model, cfg: DemoConfig, tracker: Tracker) -> Section:
@@ -258,16 +262,18 @@ def run_demo(cfg: DemoConfig | None = None, **overrides: Any) -> DemoOutputs:
             ("certify", _certify_step),
         ]
         np_path = cfg.out / "atlas" / "exports" / "neuronpedia"
-        progress = Progress(step_estimates(cfg, seconds_per_token(model, cfg)), start)
-        for index, (name, step) in enumerate(steps, 1):
-            t0 = time.perf_counter()
-            progress.begin(index, name)
-            result = step(model, cfg, tracker)
-            if isinstance(result, tuple):
-                result, np_path = result
-            sections.append(result)  # type: ignore[arg-type]
-            seconds[name] = time.perf_counter() - t0
-            progress.end(name, seconds[name])
+        # the estimates come from the first forward batch of the first step (its own batch, no extra one)
+        progress = Progress([name for name, _ in steps], lambda rate: step_estimates(cfg, rate), start)
+        with progress.on_forward(model):
+            for index, (name, step) in enumerate(steps, 1):
+                t0 = time.perf_counter()
+                progress.begin(index, name)
+                result = step(model, cfg, tracker)
+                if isinstance(result, tuple):
+                    result, np_path = result
+                sections.append(result)  # type: ignore[arg-type]
+                seconds[name] = time.perf_counter() - t0
+                progress.end(name, seconds[name])
         logger.info("demo: %d steps done in %s", len(steps), clock(time.perf_counter() - start))
         seconds["total"] = time.perf_counter() - start
         timing = [[k, round(v, 1)] for k, v in seconds.items()]

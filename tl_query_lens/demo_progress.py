@@ -1,22 +1,19 @@
-"""Cost estimates before heavy work, from one timed forward batch: ``tlql demo``'s overall progress (step i of n,
-elapsed time, an estimated total, a warning before a step estimated over a minute) and the one-line estimate that
-``certify``, ``atlas``, ``reproduce`` and ``saes train`` print first (:func:`announce`), each naming the option that
-shrinks it."""
+"""``tlql demo``'s and ``tlql reproduce``'s overall progress: step i of n, elapsed time, an estimated total from the run's first forward batch
+(:class:`~tl_query_lens.estimates.BatchClock`, no extra batch), rescaled by the steps finished, and a warning naming the
+option that shrinks a step estimated over a minute."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from tl_query_lens.corpus import load_corpus
+# announce and seconds_per_batch: the certify command imports them from here until the command runner's rewrite
+from tl_query_lens.estimates import BatchClock, announce, clock, seconds_per_batch  # noqa: F401
 from tl_query_lens.readout.registry import READOUT_RELEASES
-
-logger = logging.getLogger("tl_query_lens.demo")
-estimate_logger = logging.getLogger("tl_query_lens.estimate")
-
 
 # Cost of each step in units of one timed forward token (seconds_per_token), as "fixed + per token". Set from the
 # measured quick demo in docs/benchmarks/demo_quick.json (step seconds / seconds per token of that run); the split
@@ -24,6 +21,9 @@ estimate_logger = logging.getLogger("tl_query_lens.estimate")
 # (2026-12-05): FF-KV, readout and the Query Lens operators barely grow from the quick to the full sizes, the atlas
 # pass and the certificate grow with their tokens. The total is then rescaled by the measured / estimated time of
 # the steps already finished (Progress.scale), so a faster or slower machine corrects it after the first step.
+# The rate is now the seconds per token of the run's own first forward batch (inside the first step): the same
+# unit as the plain 4 x 32 forward the factors were set with, within the noise of a loaded machine (median ratio
+# 0.91 over 3 runs, docs/benchmarks/estimate_unit.json).
 _FIXED = {"ffkv": 500.0, "operators": 900.0, "readout": 400.0}
 _PER_TOKEN = {"splice": 0.1, "operators": 0.3, "atlas": 0.4, "calibration": 0.15, "evaluation": 0.75}
 
@@ -45,74 +45,73 @@ def step_estimates(cfg, seconds_per_token: float) -> dict[str, tuple[float, str]
     }
 
 
-@torch.no_grad()
-def seconds_per_token(model, cfg) -> float:
-    """Wall seconds per token of one plain forward pass of 4 x 32 corpus tokens (after one warm-up pass)."""
-    tokens = load_corpus(cfg.corpus, model, n_seqs=4, seq_len=32, split="train", seed=cfg.seed)
-    model(tokens[:1])
-    t0 = time.perf_counter()
-    model(tokens)
-    return (time.perf_counter() - t0) / tokens.numel()
-
-
-@torch.no_grad()
-def seconds_per_batch(model, batch: torch.Tensor) -> float:
-    """Wall seconds of one plain forward pass of ``batch`` (token ids; after one warm-up pass of its first row)."""
-    batch = batch.to(model.cfg.device)
-    model(batch[:1])
-    t0 = time.perf_counter()
-    model(batch)
-    return time.perf_counter() - t0
-
-
-def announce(command: str, n_batches: float, seconds_each: float, option: str) -> float:
-    """Log the one-line estimate of a heavy pass, before it starts: ``n_batches`` forward-batch equivalents at
-    ``seconds_each`` (from :func:`seconds_per_batch`). Returns the estimated seconds."""
-    total = n_batches * seconds_each
-    estimate_logger.info(
-        "%s: estimated wall time %s (%g forward batches at %.2g s each, timed here); a smaller %s shrinks it",
-        command,
-        clock(total),
-        n_batches,
-        seconds_each,
-        option,
-    )
-    return total
-
-
-def clock(seconds: float) -> str:
-    minutes, sec = divmod(round(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}" if minutes >= 60 else f"{minutes}:{sec:02d}"
-
-
 @dataclass
 class Progress:
-    """One overall progress line per step: step i of n, elapsed, and the total ETA. Each remaining step's estimate is
-    scaled by the measured / estimated time of the steps finished so far (1 before the first one finishes)."""
+    """One overall progress line per step: step i of n, elapsed, and the total ETA. The step estimates come from
+    ``estimator(seconds per token)`` once the first forward batch of the run is timed (:meth:`on_forward`: the run's
+    own batch, no extra one); each remaining step's estimate is then scaled by the measured / estimated time of the
+    steps finished so far (1 before the first one finishes). ``command`` names the lines and their logger
+    (``tl_query_lens.<command>``)."""
 
-    estimates: dict[str, tuple[float, str]]
+    steps: list[str]
+    estimator: Callable[[float], dict[str, tuple[float, str]]]
     start: float
+    command: str = "demo"
+    estimates: dict[str, tuple[float, str]] = field(default_factory=dict)
     done: dict[str, float] = field(default_factory=dict)
+    current: str | None = None
+
+    @property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(f"tl_query_lens.{self.command}")
 
     def scale(self) -> float:
         guessed = sum(self.estimates[name][0] for name in self.done)
         return sum(self.done.values()) / guessed if guessed > 0 else 1.0
 
-    def begin(self, index: int, name: str) -> None:
-        elapsed = time.perf_counter() - self.start
-        scale = self.scale()
-        left = sum(self.estimates[n][0] for n in self.estimates if n not in self.done) * scale
-        estimate, option = self.estimates[name]
-        logger.info(
-            "demo: step %d of %d (%s); elapsed %s, estimated total %s",
-            index,
-            len(self.estimates),
-            name,
-            clock(elapsed),
-            clock(elapsed + left),
+    def total(self) -> float:
+        """Elapsed + the scaled estimates of the steps not finished."""
+        left = sum(self.estimates[n][0] for n in self.steps if n not in self.done) * self.scale()
+        return time.perf_counter() - self.start + left
+
+    def on_forward(self, model: torch.nn.Module):
+        """Context manager: the first forward batch of the run inside it sets the estimates (:meth:`timed`)."""
+        return BatchClock(lambda seconds, tokens: self.timed(seconds / max(tokens, 1.0))).on_forward(model)
+
+    def timed(self, seconds_per_token: float) -> None:
+        """Set the estimates from the first forward batch's seconds per token; log the total and, when the running
+        step is estimated over a minute, its warning."""
+        self.estimates = self.estimator(seconds_per_token)
+        self.logger.info(
+            "%s: first forward batch timed (%.2g s per token); estimated total %s",
+            self.command,
+            seconds_per_token,
+            clock(self.total()),
         )
-        if estimate * scale > 60:
-            logger.info("demo: %s will take about %s; a smaller %s shrinks it", name, clock(estimate * scale), option)
+        self._warn()
+
+    def begin(self, index: int, name: str) -> None:
+        self.current = name
+        elapsed = clock(time.perf_counter() - self.start)
+        total = clock(self.total()) if self.estimates else "after the first forward batch"
+        n = len(self.steps)
+        self.logger.info(
+            "%s: step %d of %d (%s); elapsed %s, estimated total %s", self.command, index, n, name, elapsed, total
+        )
+        self._warn()
+
+    def _warn(self) -> None:
+        if self.current is None or not self.estimates:
+            return
+        estimate, option = self.estimates[self.current]
+        if estimate * self.scale() > 60:
+            self.logger.info(
+                "%s: %s will take about %s; a smaller %s shrinks it",
+                self.command,
+                self.current,
+                clock(estimate * self.scale()),
+                option,
+            )
 
     def end(self, name: str, seconds: float) -> None:
         self.done[name] = seconds

@@ -57,10 +57,10 @@ from tl_query_lens.atlas.site import (
 from tl_query_lens.budget import check_memory
 from tl_query_lens.certify.certify import Certificate  # noqa: F401  (result classes --attach can load)
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
-from tl_query_lens.demo_progress import announce, seconds_per_batch
 from tl_query_lens.dictionaries.absorption import AbsorptionResult  # noqa: F401
 from tl_query_lens.dictionaries.splice import SpliceStats
 from tl_query_lens.errors import InputError, MissingFileError
+from tl_query_lens.estimates import estimate
 from tl_query_lens.hooks import stop_layer
 from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, clear_temporaries
@@ -523,15 +523,11 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
 
 
 def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, seconds, progress, lens=None) -> None:
-    # one corpus pass serves every unit: ceil(n_seqs / batch_size) forward batches
-    announce(
-        "atlas",
-        math.ceil(len(tokens) / cfg.batch_size),
-        seconds_per_batch(model, tokens[: cfg.batch_size]),
-        "--n-tokens",
-    )
+    # one corpus pass serves every unit: ceil(n_seqs / batch_size) forward batches, estimated after the first one
+    n_batches = math.ceil(len(tokens) / cfg.batch_size)
     t0 = time.perf_counter()
-    collectors, qualities = _forward_pass(model, units, cfg, tokens, out, progress)
+    with estimate("atlas", n_batches, "--n-tokens").on_forward(model):
+        collectors, qualities = _forward_pass(model, units, cfg, tokens, out, progress)
     seconds["forward_pass"] = time.perf_counter() - t0
     for slug, quality in qualities.items():
         _guard_disk(out, quality.result().save, out / "results" / slug)

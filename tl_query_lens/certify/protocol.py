@@ -25,6 +25,7 @@ from tl_query_lens.certify.protocols import PROTOCOLS
 from tl_query_lens.certify.sweep import LayerSweep, certify_layers
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
+from tl_query_lens.estimates import estimate
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.results import SavableResult
 
@@ -238,6 +239,12 @@ def summarise(
     )
 
 
+def forward_batches(n_cal: int, n_eval: int, batch_size: int, n_proxies: int) -> int:
+    """Forward batches of a certificate pass: one calibration pass, then per evaluation batch one clean pass and one
+    pass per proxy (shuffled twins included); the restricted re-runs of the few rows that leave the pool aside."""
+    return math.ceil(n_cal / batch_size) + math.ceil(n_eval / batch_size) * (1 + n_proxies)
+
+
 def certify_protocol(
     model: HookedTransformer,
     saes_by_label: Mapping[str, SAE],
@@ -273,7 +280,10 @@ def certify_protocol(
         ev, n_documents, n_eligible = protocol.evaluation_windows(model, corpus, cfg)
     shuffle = cfg.shuffle if isinstance(cfg.shuffle, bool) else list(cfg.shuffle)
     labelled: dict[int | str, Any] = {label: sae for label, sae in saes_by_label.items()}
-    sweep = certify_layers(model, labelled, cal, ev, cfg=cfg.certify_config(), shuffle=shuffle, seed=cfg.seed)
+    n_shuffled = len(labelled) if shuffle is True else len(shuffle or [])
+    n_batches = forward_batches(len(cal), len(ev), cfg.batch_size, len(labelled) + n_shuffled)
+    with estimate("certify", n_batches, "--n-eval").on_forward(model):
+        sweep = certify_layers(model, labelled, cal, ev, cfg=cfg.certify_config(), shuffle=shuffle, seed=cfg.seed)
     return summarise(
         sweep.certificates,  # type: ignore[arg-type]  # labelled by the given (str) labels
         sweep.shuffled,  # type: ignore[arg-type]

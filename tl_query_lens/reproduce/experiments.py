@@ -10,14 +10,14 @@ object's presentation interface (``scalars()`` / ``tables()``), never from a col
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from sae_lens import SAE
 
 from tl_query_lens.certify.config import ProtocolCertifyConfig
-from tl_query_lens.certify.protocol import ProtocolCertification, certify_protocol
+from tl_query_lens.certify.protocol import ProtocolCertification, certify_protocol, forward_batches
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.compare import DictionaryComparison, compare_dictionaries
 from tl_query_lens.dictionaries.ffkv import FFKV
@@ -58,6 +58,8 @@ class Experiment:
         run: the measurement. result_cls: how its saved result is read back (resume).
         needs: optional corpora it reads (``"broad"``): where one is not installed the experiment is skipped with
             the command that installs it, and its rows are reported as not measured.
+        forward_tokens: its cost model per size, in tokens through the model (times the seconds per token of the
+            run's first forward batch, it gives ``reproduce``'s estimate; see :func:`forward_tokens`).
     """
 
     name: str
@@ -66,6 +68,7 @@ class Experiment:
     run: Callable[[Any, Any], SavableResult]
     result_cls: type[SavableResult]
     needs: tuple[str, ...] = ()
+    forward_tokens: dict[str, int] = field(default_factory=dict)
 
     def preset(self, size: Size) -> Any:
         """The config of ``size``: ``config.quick()`` or ``config()``."""
@@ -75,6 +78,24 @@ class Experiment:
     def sizes(self) -> dict[str, str]:
         """What ``quick`` and ``full`` mean, in words."""
         return dict(self.config.SIZES)
+
+
+# The cost models, in tokens through the model. A certificate: its forward batches (``forward_batches``, one window a
+# batch) of 32 tokens; the paper's full N is every eligible document (409 in the embedded corpus). Table 1: per layer
+# the max-activating pass, and per feature its steering (a generated token counted as one pass of a 16-token prompt)
+# and two operator tangents (each counted as one pass of the 64 operator tokens). FF-KV comparison: a clean and a
+# spliced pass per dictionary. Readout: the final-layer states (its diagnostics run no forward pass). These are
+# approximations: ``reproduce`` rescales what is left by the measured / estimated time of the experiments done.
+PAPER_N = 409
+BROAD_SIZES = {"full": (512, 5000), "quick": (128, 128)}  # (n_cal, N) of CertifyBroadConfig and its quick()
+
+
+def _certify_tokens(n_cal: int, n_eval: int, n_proxies: int) -> int:
+    return forward_batches(n_cal, n_eval, 1, n_proxies) * 32
+
+
+def _table1_tokens(layers: int, per_layer: int, n_seqs: int, n_prompts: int, n_generate: int) -> int:
+    return layers * (n_seqs * 32 + per_layer * (n_prompts * n_generate * 16 + 2 * 64))
 
 
 def _suite(model, sae_ids: list[str]) -> dict[str, Any]:
@@ -193,6 +214,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             CertifyFFKVConfig,
             certify_ffkv,
             ProtocolCertification,
+            forward_tokens={"full": _certify_tokens(128, PAPER_N, 2), "quick": _certify_tokens(128, 128, 2)},
         ),
         Experiment(
             "certify_depth",
@@ -200,6 +222,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             CertifyDepthConfig,
             certify_depth,
             ProtocolCertification,
+            forward_tokens={"full": _certify_tokens(512, PAPER_N, 4), "quick": _certify_tokens(256, 128, 4)},
         ),
         Experiment(
             "certify_broad_saes",
@@ -208,6 +231,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             certify_broad,
             ProtocolCertification,
             needs=("broad",),
+            forward_tokens={size: _certify_tokens(n_cal, n, 4) for size, (n_cal, n) in BROAD_SIZES.items()},
         ),
         Experiment(
             "certify_broad_ffkv",
@@ -216,6 +240,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             certify_broad,
             ProtocolCertification,
             needs=("broad",),
+            forward_tokens={size: _certify_tokens(n_cal, n, 4) for size, (n_cal, n) in BROAD_SIZES.items()},
         ),
         Experiment(
             "readout_paper",
@@ -223,6 +248,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             ReadoutPaperConfig,
             readout_paper,
             PaperReadoutDiagnostics,
+            forward_tokens={"full": 32 * 17, "quick": 16 * 17},
         ),
         Experiment(
             "table1_saes",
@@ -230,6 +256,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             Table1ExperimentConfig,
             table1,
             SignatureEvaluation,
+            forward_tokens={"full": _table1_tokens(4, 13, 128, 2, 10), "quick": _table1_tokens(2, 6, 48, 1, 5)},
         ),
         Experiment(
             "table1_broad",
@@ -238,6 +265,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             table1,
             SignatureEvaluation,
             needs=("broad",),
+            forward_tokens={"full": _table1_tokens(4, 13, 128, 2, 10), "quick": _table1_tokens(2, 6, 48, 1, 5)},
         ),
         Experiment(
             "ffkv_comparison",
@@ -245,6 +273,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             FFKVComparisonConfig,
             ffkv_comparison,
             DictionaryComparison,
+            forward_tokens={"full": 4 * 4 * 2 * 32 * 64, "quick": 1 * 4 * 2 * 8 * 64},
         ),
     )
 }

@@ -22,6 +22,7 @@ import math
 import resource
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 
 from tl_query_lens.broad_corpus import read_manifest
 from tl_query_lens.config import resolve_config
+from tl_query_lens.demo_progress import Progress
 from tl_query_lens.errors import CorruptFileError, InputError, MissingFileError, check_json_shape
 from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.paths import shipped_root
@@ -257,41 +259,22 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
     results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     records = []
-    for i, row in enumerate(rows, 1):
-        if row.experiment not in results and row.experiment not in skipped:
-            why = None if _saved(row.experiment, cfg.size, out, model) else missing_needs(row.experiment)
-            if why is not None:
-                skipped[row.experiment] = why
-                print(f"[{row.experiment}] not measured: {why}", flush=True)
-            else:
-                results[row.experiment] = _experiment(row.experiment, model, cfg.size, out, seconds)
-        if row.experiment in skipped:
-            value, lo, hi = math.nan, None, None
-        else:
-            value, lo, hi = row.value(results[row.experiment])
-        doc = documented.get(row.id)
-        inside = None if doc is None or row.experiment in skipped else bool(doc["lo"] <= value <= doc["hi"])
-        records.append(
-            {
-                "id": row.id,
-                "section": row.section,
-                "headline": row.headline,
-                "paper": row.paper,
-                "documented": None if doc is None else doc["value"],
-                "documented_lo": None if doc is None else doc["lo"],
-                "documented_hi": None if doc is None else doc["hi"],
-                "value": value,
-                "value_lo": lo,
-                "value_hi": hi,
-                "inside": inside,
-                "skipped": row.experiment in skipped,
-            }
-        )
-        verdict = {True: "inside", False: "OUTSIDE", None: "not documented"}[inside]
-        verdict = "not measured" if row.experiment in skipped else verdict
-        shown = _fmt(None if doc is None else doc["value"], *(None, None) if doc is None else (doc["lo"], doc["hi"]))
-        print(f"[{i}/{len(rows)}] {row.id}: {_fmt(value, lo, hi)} (documented {shown}; paper {row.paper}) {verdict}")
-        sys.stdout.flush()
+    saved = {name for name in dict.fromkeys(r.experiment for r in rows) if _saved(name, cfg.size, out, model)}
+    todo = [n for n in dict.fromkeys(r.experiment for r in rows) if n not in saved and missing_needs(n) is None]
+    progress = _progress(todo, cfg.size)
+    with progress.on_forward(model) if model is not None else nullcontext():
+        for i, row in enumerate(rows, 1):
+            if row.experiment not in results and row.experiment not in skipped:
+                why = None if row.experiment in saved else missing_needs(row.experiment)
+                if why is not None:
+                    skipped[row.experiment] = why
+                    print(f"[{row.experiment}] not measured: {why}", flush=True)
+                else:
+                    if row.experiment in todo:
+                        progress.begin(todo.index(row.experiment) + 1, row.experiment)
+                    results[row.experiment] = _experiment(row.experiment, model, cfg.size, out, seconds)
+                    progress.end(row.experiment, seconds[row.experiment])
+            records.append(_record(row, results, skipped, documented, i, len(rows)))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     used = sorted({r.experiment for r in rows})
     result = Reproduction(
@@ -309,6 +292,48 @@ def reproduce(model, cfg: ReproduceConfig | None = None, **overrides: Any) -> Re
     if cfg.record:
         record(result, rows)
     return result
+
+
+def _record(row: Row, results: dict[str, Any], skipped: dict[str, str], documented: dict, i: int, n: int) -> dict:
+    """Row ``i`` of ``n`` beside its documented interval, printed as it is measured."""
+    if row.experiment in skipped:
+        value, lo, hi = math.nan, None, None
+    else:
+        value, lo, hi = row.value(results[row.experiment])
+    doc = documented.get(row.id)
+    inside = None if doc is None or row.experiment in skipped else bool(doc["lo"] <= value <= doc["hi"])
+    record = {
+        "id": row.id,
+        "section": row.section,
+        "headline": row.headline,
+        "paper": row.paper,
+        "documented": None if doc is None else doc["value"],
+        "documented_lo": None if doc is None else doc["lo"],
+        "documented_hi": None if doc is None else doc["hi"],
+        "value": value,
+        "value_lo": lo,
+        "value_hi": hi,
+        "inside": inside,
+        "skipped": row.experiment in skipped,
+    }
+    verdict = {True: "inside", False: "OUTSIDE", None: "not documented"}[inside]
+    verdict = "not measured" if row.experiment in skipped else verdict
+    shown = _fmt(None if doc is None else doc["value"], *(None, None) if doc is None else (doc["lo"], doc["hi"]))
+    print(f"[{i}/{n}] {row.id}: {_fmt(value, lo, hi)} (documented {shown}; paper {row.paper}) {verdict}")
+    sys.stdout.flush()
+    return record
+
+
+def _progress(todo: list[str], size: str) -> Progress:
+    """The overall progress of the experiments to measure: each one's cost model (``Experiment.forward_tokens``) times
+    the seconds per token of the run's first forward batch, rescaled as experiments finish."""
+    option = "size (--quick)" if size == "full" else "--experiments list"
+    return Progress(
+        todo,
+        lambda rate: {n: (EXPERIMENTS[n].forward_tokens.get(size, 0) * rate, option) for n in todo},
+        time.perf_counter(),
+        command="reproduce",
+    )
 
 
 def _csv(columns: list[str], rows: list[list[Any]]) -> str:

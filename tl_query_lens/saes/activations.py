@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from tl_query_lens.corpus import corpus_fingerprint
+from tl_query_lens.estimates import estimate
 from tl_query_lens.hooks import check_hook, hook_dims, hook_layer
 from tl_query_lens.results import write_json
 
@@ -128,7 +129,9 @@ def cache_activations(
     if stop is not None and stop >= model.cfg.n_layers:
         stop = None
     device = next(model.parameters()).device
-    with tqdm(total=n_seqs * seq_len, initial=done * seq_len, desc="activation pass", unit="tok") as bar:
+    n_batches = -(-(n_seqs - done) // batch_size)
+    clock = estimate("saes train: activation pass", n_batches, "--n-seqs").on_forward(model)
+    with clock, tqdm(total=n_seqs * seq_len, initial=done * seq_len, desc="activation pass", unit="tok") as bar:
         for start in range(done, n_seqs, batch_size):
             batch = tokens[start : start + batch_size].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):

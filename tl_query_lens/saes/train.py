@@ -39,6 +39,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import corpus_fingerprint, load_corpus
 from tl_query_lens.errors import CorruptFileError
+from tl_query_lens.estimates import BatchClock, estimate
 from tl_query_lens.paths import folder_lock
 from tl_query_lens.results import SavableResult, write_json
 from tl_query_lens.saes.activations import ActivationCache, cache_activations
@@ -160,6 +161,18 @@ class _CheckpointingTrainer(MultiSAETrainer):
         self.data = data
         self.on_checkpoint = on_checkpoint
         self.means = means  # sae id -> (input mean, output mean or None); used once, on a fresh start
+        self.clock: BatchClock | None = None  # ticked as each step starts (fit() sets it: the steps left)
+
+    def fit(self) -> dict[str, Any]:
+        left = -(-(self.cfg.total_training_samples - self.n_training_samples) // self.cfg.train_batch_size_samples)
+        # the first few real steps, past the first one's warm-up (optimiser state), give the estimate
+        self.clock = estimate("saes train", left, "--training-tokens", unit="training steps", n_first=min(5, left - 1))
+        return super().fit()
+
+    def _maybe_log_sparsity(self, final: bool = False) -> None:
+        if not final and self.clock is not None:  # SAELens' fit() calls it first in every step
+            self.clock.tick(self.cfg.train_batch_size_samples)
+        super()._maybe_log_sparsity(final)
 
     def _estimate_scaling_factors(self) -> None:
         super()._estimate_scaling_factors()
