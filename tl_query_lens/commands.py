@@ -20,4 +20,19 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.dictionaries.splice:run_ffkv",
         check="tl_query_lens.dictionaries.splice:check_ffkv",
     ),
+    Command(
+        "query-lens",
+        "Query Lens key/value signatures of FF-KV features",
+        config="tl_query_lens.query_lens.config:QueryLensCommandConfig",
+        run="tl_query_lens.query_lens.commands:run_query_lens",
+        check="tl_query_lens.query_lens.commands:check_query_lens",
+        result_name="signatures",  # signatures_layer<L>_<side>.csv beside the sets' folders
+    ),
+    Command(
+        "ql-evaluate",
+        "Table-1 input/output scores of Query Lens signatures",
+        config="tl_query_lens.query_lens.config:QLEvaluateCommandConfig",
+        run="tl_query_lens.query_lens.commands:run_ql_evaluate",
+        check="tl_query_lens.query_lens.commands:check_ql_evaluate",
+    ),
 )
