@@ -28,7 +28,6 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommands"]
 
 SUBCOMMANDS = (
     "ql_channels",
-    "readout",
     "certify",
     "saes",
     "demo",
@@ -79,7 +78,7 @@ def add_commands(subparsers, commands: tuple[Command, ...]) -> None:
             if group[0] not in groups:
                 head = subparsers.add_parser(group[0], help=GROUPS[group[0]], description=GROUPS[group[0]])
                 groups[group[0]] = head.add_subparsers(dest="action", metavar="ACTION", required=True)
-                head.tlql_configure = functools.partial(_configure_group, head)  # type: ignore[attr-defined]
+                head.tlql_configure = _configure_group  # type: ignore[attr-defined]
             where = groups[group[0]]
         parser = where.add_parser(name, help=cmd.help, description=cmd.help)
         parser.tlql_configure = functools.partial(runner.configure, command=cmd)  # type: ignore[attr-defined]

@@ -278,7 +278,9 @@ def _shaped_option(parser: argparse.ArgumentParser, f: dataclasses.Field, text: 
     target: Any = parser
     if "exclusive" in meta:
         groups = parser.__dict__.setdefault("tlql_exclusive", {})
-        target = groups.setdefault(meta["exclusive"], parser.add_mutually_exclusive_group())
+        if meta["exclusive"] not in groups:
+            groups[meta["exclusive"]] = parser.add_mutually_exclusive_group()
+        target = groups[meta["exclusive"]]
     spec = {"nargs": meta["nargs"], "metavar": meta.get("metavar")} if "nargs" in meta else {}
     target.add_argument(option(f.name), dest=f.name, default=NOT_GIVEN, help=text, **spec)
     return True
