@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import tiny_model, tiny_tokens
 from tl_query_lens.cli import build_parser, main, subcommands
-from tl_query_lens.readout.commands import ReadoutDecomposition
+from tl_query_lens.readout.commands import ReadoutDecomposition, ReadoutEvalRun
 from tl_query_lens.readout.decompose import decompose, margin
 from tl_query_lens.readout.fit import ReadoutFitConfig
 from tl_query_lens.readout.states import logit_lens
@@ -90,4 +90,6 @@ def test_fit_then_decompose_then_eval(tiny, tmp_path, capsys):
     assert [r["method"] for r in rows] == ["srp"]
     record = json.loads((out / "ev" / "protocol_mixed_layers" / "result.json").read_text())
     assert record["type"] == "ReadoutReport"
+    loaded = ReadoutEvalRun.load(out / "ev")
+    assert loaded.paper is None and [r["method"] for r in loaded.tables()["readout_vs_baselines"].records()] == ["srp"]
     assert capsys.readouterr().out.count(f"Readout SAE {sae_dir}: folder") == 1

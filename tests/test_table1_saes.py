@@ -23,6 +23,7 @@ from tests.test_certify_protocol import HashTokenizer, documents
 from tl_query_lens import FFKV
 from tl_query_lens.cli import main
 from tl_query_lens.errors import InputError
+from tl_query_lens.query_lens.commands import Table1Run
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import max_activating_contexts
 from tl_query_lens.query_lens.table1 import evaluate_table1
@@ -406,6 +407,7 @@ def test_cli_ql_evaluate_scores_ffkv_and_an_sae_folder_side_by_side(tiny_cli, tm
     per_feature = list(csv.DictReader((out / "ql_evaluate_per_feature.csv").read_text().splitlines()))
     assert [r["dictionary"] for r in per_feature] == ["ffkv L1"] * 3 + [f"sae L1 {HOOK}"] * 3
     saved = SignatureEvaluation.load(out / "all")
+    assert set(Table1Run.load(out).summaries) == {"ffkv", "suite"}  # the run's result, its evaluation in all/
     assert saved.config["feature_selection_by_dictionary"][f"sae L1 {HOOK}"]["rule"] == "active"
     assert saved.config["exclude_first_positions"] == 1
     # each dictionary's part was kept under <out>/parts; a rerun loads both and writes the same table
