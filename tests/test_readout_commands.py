@@ -93,3 +93,20 @@ def test_fit_then_decompose_then_eval(tiny, tmp_path, capsys):
     loaded = ReadoutEvalRun.load(out / "ev")
     assert loaded.paper is None and [r["method"] for r in loaded.tables()["readout_vs_baselines"].records()] == ["srp"]
     assert capsys.readouterr().out.count(f"Readout SAE {sae_dir}: folder") == 1
+
+
+def test_eval_baselines_option_is_the_commands_not_the_protocols():
+    """``--baselines`` is one comma list checked against the protocol chosen; the nested configs keep their own
+    defaults until the run picks one. Reference: the protocol configs' defaults."""
+    from tl_query_lens.cli.runner import config_of
+    from tl_query_lens.commands import COMMANDS
+    from tl_query_lens.readout.evaluate import ReadoutEvalConfig
+    from tl_query_lens.readout.protocols.paper import PaperReadoutConfig
+
+    command = next(c for c in COMMANDS if c.name == "readout eval")
+    parser = subcommands(subcommands(build_parser())["readout"])["eval"]
+    cfg = config_of(command, parser.parse_args(["--baselines", "pca256", "--n-boot", "5"]))
+    assert cfg.baselines == "pca256" and cfg.readout.n_boot == 5
+    assert (
+        cfg.readout.baselines == ReadoutEvalConfig().baselines and cfg.paper.baselines == PaperReadoutConfig().baselines
+    )
