@@ -59,3 +59,20 @@ def test_query_lens_command_rejects_bad_features_before_any_operator(tmp_path, t
     monkeypatch.setattr(QueryLens, "precompute", no_operators)
     assert main(["query-lens", "--layers", "1", "--features", "0,64", "--no-wandb", "--out", str(tmp_path)]) == 2
     assert "--features 64 out of range; valid: 0..63" in capsys.readouterr().err
+
+
+def test_ql_evaluate_features_option_is_the_runs_and_all_is_accepted():
+    """``--features`` is the run's id list ('all' included); the run, not the option, sets Table1Config.features
+    (against each dictionary's width) and the prompts (from --n-prompts). Reference: the configs' own defaults."""
+    from tl_query_lens.cli import build_parser, subcommands
+    from tl_query_lens.cli.runner import config_of
+    from tl_query_lens.commands import COMMANDS
+    from tl_query_lens.query_lens.table1 import Table1Config
+
+    command = next(c for c in COMMANDS if c.name == "ql-evaluate")
+    parser = subcommands(build_parser())["ql-evaluate"]
+    for features in ("all", "0-4,9"):
+        cfg = config_of(command, parser.parse_args(["--features", features, "--n-prompts", "2", "--k", "7"]))
+        assert cfg.run.features == features and cfg.n_prompts == 2 and cfg.table1.k == 7
+        assert (cfg.table1.features, cfg.table1.prompts) == (Table1Config().features, Table1Config().prompts)
+    assert "--prompts" not in parser.format_help()

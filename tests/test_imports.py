@@ -44,12 +44,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("engine", ("operators",)),
     ("dictionaries", ("dictionaries",)),
-    ("methods", ("query_lens", "readout", "certify", "saes")),
+    # sources: the one dictionary loader of every family (FF-KV, readout SAEs, the SAE suites), used by the methods'
+    # commands (tl_query_lens/query_lens/commands.py)
+    ("methods", ("query_lens", "readout", "certify", "saes", "sources")),
     # "": the package's own __init__
     (
         "surfaces",
         (
-            "sources",
             "checks",
             "commands",
             "saes_commands",

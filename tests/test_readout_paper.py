@@ -187,7 +187,7 @@ def test_cli_readout_eval_paper_scores_the_chosen_baselines(monkeypatch, tmp_pat
     argv = ["readout", "eval", "--protocol", "paper", "--sae-path", str(tmp_path / "sae"), "--n-seqs", "3"]
     argv += ["--seq-len", "8", "--baselines", "nearest_row_ridge_excl_contrast,nearest_row_ridge", "--no-wandb"]
     assert main(argv + ["--out", str(tmp_path / "out")]) == 0
-    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = json.loads(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("{")))
     assert set(printed["coverage_baselines"]) == {"nearest_row_ridge_excl_contrast", "nearest_row_ridge"}
     assert printed["best_baseline"] == "nearest_row_ridge_excl_contrast"
     saved = PaperReadoutDiagnostics.load(tmp_path / "out" / "protocol_paper")

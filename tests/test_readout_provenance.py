@@ -80,7 +80,8 @@ def test_readout_eval_prints_which_fit_it_read(model, tmp_path, monkeypatch, cap
     argv = ["readout", "eval", "--protocol", "paper", "--sae-path", str(tmp_path / "sae"), "--n-seqs", "3"]
     argv += ["--seq-len", "8", "--baselines", "nearest_row_ridge", "--no-wandb", "--out", str(tmp_path / "out")]
     assert main(argv) == 0
-    first = capsys.readouterr().out.strip().splitlines()[0]
+    lines = capsys.readouterr().out.splitlines()
+    first = next(line for line in lines if line.startswith("Readout SAE "))
     assert first.startswith(f"Readout SAE {tmp_path / 'sae'}: folder") and "seed 2" in first
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["dictionary"]["readout_fit"]["seed"] == 2
+    record = json.loads((tmp_path / "out" / "result.json").read_text())  # the run's result names the fit it read
+    assert record["fields"]["source"]["readout_fit"]["seed"] == 2

@@ -23,6 +23,7 @@ from tests.test_certify_protocol import HashTokenizer, documents
 from tl_query_lens import FFKV
 from tl_query_lens.cli import main
 from tl_query_lens.errors import InputError
+from tl_query_lens.query_lens.commands import Table1Run
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import max_activating_contexts
 from tl_query_lens.query_lens.table1 import evaluate_table1
@@ -400,20 +401,21 @@ def test_cli_ql_evaluate_scores_ffkv_and_an_sae_folder_side_by_side(tiny_cli, tm
         str(out),
     ]
     assert main(argv) == 0
-    rows = list(csv.DictReader((out / "table1.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((out / "ql_evaluate_table1.csv").read_text().splitlines()))
     assert {r["dictionary"] for r in rows} == {"ffkv", "suite"}
     assert {r["n_features"] for r in rows} == {"3"}
-    per_feature = list(csv.DictReader((out / "per_feature.csv").read_text().splitlines()))
+    per_feature = list(csv.DictReader((out / "ql_evaluate_per_feature.csv").read_text().splitlines()))
     assert [r["dictionary"] for r in per_feature] == ["ffkv L1"] * 3 + [f"sae L1 {HOOK}"] * 3
     saved = SignatureEvaluation.load(out / "all")
+    assert set(Table1Run.load(out).summaries) == {"ffkv", "suite"}  # the run's result, its evaluation in all/
     assert saved.config["feature_selection_by_dictionary"][f"sae L1 {HOOK}"]["rule"] == "active"
     assert saved.config["exclude_first_positions"] == 1
     # each dictionary's part was kept under <out>/parts; a rerun loads both and writes the same table
     parts = sorted((out / "parts").iterdir())
     assert len(parts) == 2 and [SignatureEvaluation.load(p).features.numel() for p in parts] == [3, 3]
-    first = (out / "table1.csv").read_text()
+    first = (out / "ql_evaluate_table1.csv").read_text()
     monkeypatch.setattr("tl_query_lens.query_lens.table1.evaluate_signatures", lambda *a, **k: 1 / 0)
-    assert main(argv) == 0 and (out / "table1.csv").read_text() == first
+    assert main(argv) == 0 and (out / "ql_evaluate_table1.csv").read_text() == first
 
 
 def test_cli_certify_paper_protocol_on_a_topk_sae(tiny_cli, tmp_path):

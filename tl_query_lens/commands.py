@@ -49,4 +49,40 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.reproduce.run:run_reproduce",
         check="tl_query_lens.reproduce.run:check_reproduce",
     ),
+    Command(
+        "query-lens",
+        "Query Lens key/value signatures of FF-KV features",
+        config="tl_query_lens.query_lens.config:QueryLensCommandConfig",
+        run="tl_query_lens.query_lens.commands:run_query_lens",
+        check="tl_query_lens.query_lens.commands:check_query_lens",
+        result_name="signatures",  # signatures_layer<L>_<side>.csv beside the sets' folders
+    ),
+    Command(
+        "ql-evaluate",
+        "Table-1 input/output scores of Query Lens signatures",
+        config="tl_query_lens.query_lens.config:QLEvaluateCommandConfig",
+        run="tl_query_lens.query_lens.commands:run_ql_evaluate",
+        check="tl_query_lens.query_lens.commands:check_ql_evaluate",
+    ),
+    Command(
+        "readout fit",
+        "fit a readout SAE to the model's LM head and cache it",
+        config="tl_query_lens.readout.config:ReadoutFitCommandConfig",
+        run="tl_query_lens.readout.commands:run_fit",
+        check="tl_query_lens.readout.commands:check_fit",
+    ),
+    Command(
+        "readout decompose",
+        "decompose one score of one prompt into readout features",
+        config="tl_query_lens.readout.config:ReadoutDecomposeCommandConfig",
+        run="tl_query_lens.readout.commands:run_decompose",
+        check="tl_query_lens.readout.commands:check_decompose",
+    ),
+    Command(
+        "readout eval",
+        "diagnostics and row-geometry baselines on held-out states",
+        config="tl_query_lens.readout.config:ReadoutEvalCommandConfig",
+        run="tl_query_lens.readout.commands:run_eval",
+        check="tl_query_lens.readout.commands:check_eval",
+    ),
 )

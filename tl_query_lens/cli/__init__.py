@@ -27,10 +27,7 @@ from tl_query_lens.commands import COMMANDS, GROUPS
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommands"]
 
 SUBCOMMANDS = (
-    "query_lens",
-    "ql_evaluate",
     "ql_channels",
-    "readout",
     "certify",
     "demo",
     "atlas",

@@ -11,27 +11,37 @@ from pathlib import Path
 from typing import Any
 
 from tl_query_lens.cli.configs import build_config
-from tl_query_lens.cli.options import add_config_options
+from tl_query_lens.cli.options import NOT_GIVEN, add_config_options
 from tl_query_lens.command import Command, resolve
 
 PRINTED_ROWS = 20  # rows of each table printed (all of them are in the CSV and in W&B)
 
 
 def configure(parser: argparse.ArgumentParser, command: Command) -> None:
-    """The options of ``command``'s config (and ``--quick`` where the config has a ``quick()`` preset)."""
+    """The options of ``command``'s config (and ``--quick`` where the config has a ``quick()`` preset; the help shows
+    the defaults of each of its ``presets()``, chosen by its field ``preset``), less its ``NOT_OPTIONS``."""
     cls: Any = command.config_class()
     presets = {"": cls()}
     if hasattr(cls, "quick"):
         presets["--quick"] = cls.quick()
         parser.add_argument("--quick", action="store_true", help=(inspect.getdoc(cls.quick) or "").split("\n\n")[0])
-    add_config_options(parser, presets, shown=getattr(cls, "SHOWN", None))
+    if hasattr(cls, "presets"):
+        presets |= {f"--preset {name}": cfg for name, cfg in cls.presets().items() if cfg != presets[""]}
+    add_config_options(parser, presets, shown=getattr(cls, "SHOWN", None), skip=getattr(cls, "NOT_OPTIONS", ()))
     parser.set_defaults(func=functools.partial(run_command, command))
 
 
 def config_of(command: Command, args: argparse.Namespace) -> Any:
-    """The config of a parsed command line: the preset (``--quick`` or the default) with the given options on top."""
+    """The config of a parsed command line: the preset (``--quick``, ``--preset NAME`` or the default) with the given
+    options on top."""
     cls: Any = command.config_class()
-    return build_config(cls.quick() if getattr(args, "quick", False) else cls(), args)
+    if getattr(args, "quick", False):
+        base = cls.quick()
+    elif hasattr(cls, "presets") and getattr(args, "preset", NOT_GIVEN) is not NOT_GIVEN:
+        base = cls.presets()[args.preset]
+    else:
+        base = cls()
+    return build_config(base, args, fixed=getattr(cls, "NOT_OPTIONS", ()))
 
 
 def run_command(command: Command, args: argparse.Namespace) -> int:
