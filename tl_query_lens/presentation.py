@@ -192,6 +192,10 @@ class Presents:
     def figures(self) -> dict[str, Any]:
         return {}
 
+    def summary(self) -> str:
+        """One line the command line prints after the tables (e.g. where to open a site); empty by default."""
+        return ""
+
     def report_section(self) -> str:
         """``<section>`` with the title, the scalars as a two-column table, every table and every figure."""
         return section_html(self.title or type(self).__name__, self.scalars(), self.tables(), self.figures())
