@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import itertools
 import math
 import os
 import sys
+import typing
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from tl_query_lens import demo
 from tl_query_lens.cli import SUBCOMMANDS, build_parser, main, subcommands
 from tl_query_lens.cli import options as cli_options
+from tl_query_lens.commands import COMMANDS as RUNNER_COMMANDS
 from tl_query_lens.config import in_interval
 
 EXAMPLES = int(os.environ.get("TLQL_FUZZ_EXAMPLES", "12"))
@@ -65,14 +68,31 @@ def commands() -> dict[str, tuple[argparse.ArgumentParser, dict[str, str]]]:
     finally:
         for module in patched:
             module.add_options = originals
+    on_runner = {command.name: config_ranges(command.config_class()) for command in RUNNER_COMMANDS}
     found = {}
     for name, sub in subcommands(parser).items():
         actions = subcommands(sub)
         for full, p in ({f"{name} {a}": q for a, q in actions.items()} if actions else {name: sub}).items():
             ranges = dict(added.get(id(p), {}))
+            dests = {a.dest for a in p._actions}
+            ranges.update({dest: r for dest, r in on_runner.get(full, {}).items() if dest in dests})
             ranges.update({dest: r for (cmd, dest), r in CLI_RANGES.items() if cmd == full})
             found[full] = (p, ranges)
     return found
+
+
+def config_ranges(cls: type) -> dict[str, str]:
+    """Field → range of a command's config and the configs it nests (the first config that names a field wins, as
+    the option it makes does)."""
+    out: dict[str, str] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            for name, interval in config_ranges(hints[f.name]).items():
+                out.setdefault(name, interval)
+        elif f.name in getattr(cls, "RANGES", {}):
+            out.setdefault(f.name, cls.RANGES[f.name])
+    return out
 
 
 COMMANDS = commands()

@@ -42,6 +42,14 @@ def cli_configs() -> list[type]:
     finally:
         for module in patched:
             module.add_options = original
+    from tl_query_lens.commands import COMMANDS  # commands on the runner: their configs and the ones they nest
+
+    todo = [command.config_class() for command in COMMANDS]
+    while todo:
+        cls = todo.pop(0)
+        seen[cls] = None
+        hints = typing.get_type_hints(cls)
+        todo += [hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
     return list(seen)
 
 

@@ -41,19 +41,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("engine", ("operators",)),
     ("dictionaries", ("dictionaries",)),
-    ("methods", ("query_lens", "readout", "certify", "saes")),
+    # sources: the one dictionary loader of every family (FF-KV, readout SAEs, the SAE suites), used by the methods'
+    # commands (tl_query_lens/query_lens/commands.py); demo_progress: the wall-time estimate tlql certify logs before
+    # its passes (tl_query_lens/certify/commands.py)
+    ("methods", ("query_lens", "readout", "certify", "saes", "sources", "demo_progress")),
     # "": the package's own __init__
     (
         "surfaces",
         (
-            "sources",
             "checks",
             "commands",
             "tracking",
             "report",
             "atlas",
             "demo",
-            "demo_progress",
             "reproduce",
             "cli",
             "__main__",

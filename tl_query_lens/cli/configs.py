@@ -103,10 +103,12 @@ def as_options(message: str, names: Iterable[str]) -> str:
     return re.sub(rf"(?<![\w.-])({pattern})\b(?!\s*=)", lambda m: option(m[1]), message)
 
 
-def build_config(base: Any, args: argparse.Namespace) -> Any:
+def build_config(base: Any, args: argparse.Namespace, fixed: Iterable[str] = ()) -> Any:
     """``base`` (a config, e.g. a command's preset) with every option given on the command line applied, nested
     configs included (options made by :func:`~tl_query_lens.cli.options.add_config_options`; not given:
-    :data:`~tl_query_lens.cli.options.NOT_GIVEN`). The configs validate themselves as they are rebuilt.
+    :data:`~tl_query_lens.cli.options.NOT_GIVEN`), except to the ``fixed`` fields (a bare name at every level, a
+    dotted path one nested field: those the command sets itself). The configs validate themselves as they are
+    rebuilt.
 
     Raises:
         InputError: as :func:`build`, with field names written as options.
@@ -114,13 +116,17 @@ def build_config(base: Any, args: argparse.Namespace) -> Any:
     from tl_query_lens.cli.options import NOT_GIVEN
     from tl_query_lens.errors import InputError
 
-    def apply(cfg: Any) -> Any:
+    fixed = set(fixed)
+
+    def apply(cfg: Any, prefix: str = "") -> Any:
         hints = typing.get_type_hints(type(cfg))
         changes: dict[str, Any] = {}
         for f in dataclasses.fields(cfg):
             value = getattr(cfg, f.name)
+            if f.name in fixed or prefix + f.name in fixed:
+                continue
             if dataclasses.is_dataclass(value) and f.default_factory is not dataclasses.MISSING:
-                rebuilt = apply(value)
+                rebuilt = apply(value, f"{prefix}{f.name}.")
                 if rebuilt is not value:
                     changes[f.name] = rebuilt
             elif f.init and getattr(args, f.name, NOT_GIVEN) is not NOT_GIVEN:

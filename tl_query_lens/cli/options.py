@@ -202,17 +202,22 @@ def add_config_options(
     skip: Iterable[str] = (),
     shown: dict[str, str] | None = None,
     taken: set[str] | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> set[str]:
     """An option per field of the config ``presets[""]`` (a nested config's fields too: ``run.model`` is
     ``--model``); ``presets`` maps how a preset is chosen (``""``, ``"--quick"``) to the config it gives, and the help
     shows each preset's default. Every option's parsed default is :data:`NOT_GIVEN`, so :func:`~tl_query_lens.cli.
     configs.build_config` applies exactly the options given on top of the chosen preset. A config class's
-    ``RUN_OPTIONS`` (a tuple of field names) limits which fields of its nested ``run`` are options. Returns the
-    option names taken (a name taken by an earlier config feeds both fields)."""
+    ``RUN_OPTIONS`` (a tuple of field names) limits which fields of its nested ``run`` are options; ``skip`` names
+    fields that get no option: a bare name at every level, a dotted path (``"table1.features"``) one nested field.
+    A field's ``metadata`` may shape its option: ``positional`` (an optional positional argument), ``nargs`` and
+    ``metavar`` (argparse's), ``exclusive`` (options sharing this name are mutually exclusive). ``aliases`` give a
+    field's option a second spelling (``{"layers": "--sources"}``). Returns the option names taken (a name taken by an
+    earlier config feeds both fields)."""
     base = presets[""]
     cls = type(base)
     hints, helps = typing.get_type_hints(cls), field_help(cls)
-    taken, shown = set(taken or ()), shown or {}
+    taken, shown, aliases = set(taken or ()), shown or {}, aliases or {}
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
@@ -220,15 +225,21 @@ def add_config_options(
         values = {how: getattr(cfg, f.name) for how, cfg in presets.items()}
         if dataclasses.is_dataclass(kind) and f.default_factory is not dataclasses.MISSING:
             run_options = getattr(cls, "RUN_OPTIONS", None) if f.name == "run" else None
-            nested_skip = set(skip) | (
-                {g.name for g in dataclasses.fields(kind) if g.name not in run_options} if run_options else set()
-            )
-            taken = add_config_options(parser, values, skip=nested_skip, shown=shown, taken=taken)
+            nested_skip = {s for s in skip if "." not in s}
+            nested_skip |= {s.split(".", 1)[1] for s in skip if s.startswith(f.name + ".")}
+            if run_options:
+                nested_skip |= {g.name for g in dataclasses.fields(kind) if g.name not in run_options}
+            taken = add_config_options(parser, values, skip=nested_skip, shown=shown, taken=taken, aliases=aliases)
             continue
         if f.name in taken or dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind)):
             continue
         taken.add(f.name)
+        ranges = getattr(cls, "RANGES", {})
+        if f.name in ranges:  # a given number is checked by main() right after parsing, before any config is built
+            parser.__dict__.setdefault("tlql_ranges", {})[f.name] = ranges[f.name]
         text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
+        if _shaped_option(parser, f, text):
+            continue
         default = values[""]
         if kind is bool:
             flag, const = (option("no_" + f.name), False) if default else (option(f.name), True)
@@ -257,5 +268,22 @@ def add_config_options(
             choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
             spec.update(choices=choices, type=kind if kind in (int, float) else str)
             spec.update(metavar=None if choices else _METAVARS.get(kind, "TEXT"))
-        parser.add_argument(option(f.name), **spec)
+        parser.add_argument(option(f.name), *([aliases[f.name]] if f.name in aliases else []), **spec)
     return taken
+
+
+def _shaped_option(parser: argparse.ArgumentParser, f: dataclasses.Field, text: str) -> bool:
+    """Add the option of a field whose ``metadata`` shapes it (see :func:`add_config_options`); False if none does."""
+    meta = f.metadata
+    if meta.get("positional"):
+        parser.add_argument(f.name, nargs="?", default=NOT_GIVEN, help=text)
+        return True
+    if "nargs" not in meta and "exclusive" not in meta:
+        return False
+    target: Any = parser
+    if "exclusive" in meta:
+        groups = parser.__dict__.setdefault("tlql_exclusive", {})
+        target = groups.setdefault(meta["exclusive"], parser.add_mutually_exclusive_group())
+    spec = {"nargs": meta["nargs"], "metavar": meta.get("metavar")} if "nargs" in meta else {}
+    target.add_argument(option(f.name), dest=f.name, default=NOT_GIVEN, help=text, **spec)
+    return True

@@ -11,27 +11,44 @@ from pathlib import Path
 from typing import Any
 
 from tl_query_lens.cli.configs import build_config
-from tl_query_lens.cli.options import add_config_options
+from tl_query_lens.cli.options import NOT_GIVEN, add_config_options
 from tl_query_lens.command import Command, resolve
 
 PRINTED_ROWS = 20  # rows of each table printed (all of them are in the CSV and in W&B)
 
 
 def configure(parser: argparse.ArgumentParser, command: Command) -> None:
-    """The options of ``command``'s config (and ``--quick`` where the config has a ``quick()`` preset)."""
+    """The options of ``command``'s config (and ``--quick`` where the config has a ``quick()`` preset; the help shows
+    the defaults of each of its ``presets()``, chosen by its field ``preset``), less its ``NOT_OPTIONS``; its
+    ``ALIASES`` give an option a second spelling (``{"layers": "--sources"}``)."""
     cls: Any = command.config_class()
     presets = {"": cls()}
     if hasattr(cls, "quick"):
         presets["--quick"] = cls.quick()
         parser.add_argument("--quick", action="store_true", help=(inspect.getdoc(cls.quick) or "").split("\n\n")[0])
-    add_config_options(parser, presets, shown=getattr(cls, "SHOWN", None))
+    if hasattr(cls, "presets"):
+        presets |= {f"--preset {name}": cfg for name, cfg in cls.presets().items() if cfg != presets[""]}
+    add_config_options(
+        parser,
+        presets,
+        shown=getattr(cls, "SHOWN", None),
+        skip=getattr(cls, "NOT_OPTIONS", ()),
+        aliases=getattr(cls, "ALIASES", None),
+    )
     parser.set_defaults(func=functools.partial(run_command, command))
 
 
 def config_of(command: Command, args: argparse.Namespace) -> Any:
-    """The config of a parsed command line: the preset (``--quick`` or the default) with the given options on top."""
+    """The config of a parsed command line: the preset (``--quick``, ``--preset NAME`` or the default) with the given
+    options on top."""
     cls: Any = command.config_class()
-    return build_config(cls.quick() if getattr(args, "quick", False) else cls(), args)
+    if getattr(args, "quick", False):
+        base = cls.quick()
+    elif hasattr(cls, "presets") and getattr(args, "preset", NOT_GIVEN) is not NOT_GIVEN:
+        base = cls.presets()[args.preset]
+    else:
+        base = cls()
+    return build_config(base, args, fixed=getattr(cls, "NOT_OPTIONS", ()))
 
 
 def run_command(command: Command, args: argparse.Namespace) -> int:
@@ -62,7 +79,7 @@ def present(command: Command, cfg: Any, result: Any) -> None:
 
     if getattr(result, "rank", 0) != 0:  # torchrun: rank 0 presents the merged result
         return
-    out = Path(cfg.run.out)
+    out = Path(cfg.run.out) / command.result_folder
     result.save(out)
     with Tracker(
         out, project=cfg.run.wandb_project, name=command.slug, config=asdict(cfg), use_wandb=cfg.run.wandb
