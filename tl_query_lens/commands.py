@@ -20,4 +20,11 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.dictionaries.splice:run_ffkv",
         check="tl_query_lens.dictionaries.splice:check_ffkv",
     ),
+    Command(
+        "ql-channels",
+        "subspace channels: low-rank fits of module responses",
+        config="tl_query_lens.query_lens.config:ChannelsCommandConfig",
+        run="tl_query_lens.query_lens.channels_commands:run_ql_channels",
+        check="tl_query_lens.query_lens.channels_commands:check_ql_channels",
+    ),
 )

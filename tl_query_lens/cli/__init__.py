@@ -29,7 +29,6 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommands"]
 SUBCOMMANDS = (
     "query_lens",
     "ql_evaluate",
-    "ql_channels",
     "readout",
     "certify",
     "saes",
