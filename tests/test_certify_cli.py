@@ -44,7 +44,7 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
         ]
     )
     assert rc == 0
-    rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((out / "certify_certificates.csv").read_text().splitlines()))
     assert [(r["label"], r["proxy"]) for r in rows] == [
         ("ffkv L0", "real"),
         ("ffkv L2", "real"),
@@ -53,8 +53,10 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
     ]
     assert rows[1]["hook"] == "blocks.2.hook_mlp_out"
     assert all(int(r["N"]) == 24 and int(r["m"]) == 64 for r in rows)
-    for name in ("bound_vs_N.html", "gap_real_vs_shuffled.html", "times.json"):
+    for name in ("certify_bound_vs_N.html", "certify_gap_real_vs_shuffled.html", "report.html"):
         assert (out / name).exists()
+    scalars = json.loads((out / "certify.json").read_text())  # the time split of the shared pass among them
+    assert {"times/clean_s", "times/proxy_s", "times/restricted_s", "times/pool_s"} <= set(scalars)
     saved = json.loads((out / result_name("ffkv L2") / "result.json").read_text())["fields"]
     assert saved["N"] == 24 and saved["config"]["k"] == 5
 
@@ -89,7 +91,7 @@ def test_cli_saved_sae_path(tiny_env, tmp_path):
         )
         == 0
     )
-    rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((out / "certify_certificates.csv").read_text().splitlines()))
     assert [(r["label"], r["proxy"]) for r in rows] == [
         ("ffkv L2", "real"),
         ("sae L1 sae", "real"),
@@ -173,7 +175,7 @@ def test_cli_exclude_first_positions_reaches_the_certificate(tiny_env, tmp_path)
     assert main(_certify_argv(out, "--exclude-first-positions", "2")) == 0
     saved = json.loads((out / result_name("ffkv L2") / "result.json").read_text())["fields"]
     assert saved["config"]["exclude_first_positions"] == 2 and saved["config"]["predictions_per_window"] == 5
-    assert json.loads((out / "config.json").read_text())["exclude_first_positions"] == 2
+    assert json.loads((out / "config.json").read_text())["protocol"]["exclude_first_positions"] == 2
     cal, ev = tiny_tokens(tiny_env, 4, 8, seed=1), tiny_tokens(tiny_env, 24, 8, seed=2)
     api = tq.certify(tiny_env, FFKV.from_model(tiny_env, 2, "vanilla"), cal, ev, k=5, exclude_first_positions=2)
     full = tq.certify(tiny_env, FFKV.from_model(tiny_env, 2, "vanilla"), cal, ev, k=5)

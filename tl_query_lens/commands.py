@@ -27,4 +27,11 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.query_lens.channels_commands:run_ql_channels",
         check="tl_query_lens.query_lens.channels_commands:check_ql_channels",
     ),
+    Command(
+        "certify",
+        "certify the model through SAE / FF-KV proxies (risk bound)",
+        config="tl_query_lens.certify.config:CertifyCommandConfig",
+        run="tl_query_lens.certify.commands:run_certify",
+        check="tl_query_lens.certify.commands:check_certify",
+    ),
 )

@@ -30,7 +30,6 @@ SUBCOMMANDS = (
     "query_lens",
     "ql_evaluate",
     "readout",
-    "certify",
     "saes",
     "demo",
     "reproduce",
