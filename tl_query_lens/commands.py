@@ -34,4 +34,12 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.certify.commands:run_certify",
         check="tl_query_lens.certify.commands:check_certify",
     ),
+    Command(
+        "atlas",
+        "build the feature atlas: a static, searchable site of every feature (resumable; torchrun splits it)",
+        config="tl_query_lens.atlas.config:AtlasCommandConfig",
+        run="tl_query_lens.atlas.commands:run_atlas",
+        check="tl_query_lens.atlas.commands:check_atlas",
+        result_folder="result",
+    ),
 )

@@ -33,7 +33,6 @@ SUBCOMMANDS = (
     "saes",
     "demo",
     "reproduce",
-    "atlas",
 )
 
 
