@@ -192,7 +192,7 @@ class Presents:
     def figures(self) -> dict[str, Any]:
         return {}
 
-    def summary(self) -> str:
+    def summary_line(self) -> str:
         """One line the command line prints after the tables (e.g. where to open a site); empty by default."""
         return ""
 

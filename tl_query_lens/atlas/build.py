@@ -161,7 +161,7 @@ class AtlasResult(SavableResult):
     def index_html(self) -> Path:
         return Path(self.out) / "index.html"
 
-    def summary(self) -> str:
+    def summary_line(self) -> str:
         """Where the site is, with its size and what this run built."""
         scalars = self.scalars()
         return (

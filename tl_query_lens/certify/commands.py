@@ -79,7 +79,7 @@ class PaperCertificates(SavableResult):
         rows = ([label, *(row[k] for k in keys)] for label, row in zip(result.labels, result.rows))
         return {"certificates_paper_protocol": Table.build(columns, rows)}
 
-    def summary(self) -> str:
+    def summary_line(self) -> str:
         result = self.protocol_paper
         return (
             f"paper protocol ({result.n_documents} evaluation documents, {result.n_eligible} long enough; "

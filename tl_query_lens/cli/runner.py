@@ -90,7 +90,7 @@ def present(command: Command, cfg: Any, result: Any) -> None:
         lines = table.to_markdown().splitlines()
         more = len(lines) - 2 - PRINTED_ROWS
         print(f"{name}:\n" + "\n".join(lines[: 2 + PRINTED_ROWS]) + (f"\n… {more} more rows" if more > 0 else ""))
-    summary = result.summary() if hasattr(result, "summary") else ""
-    if summary:
-        print(summary)
+    line = result.summary_line() if hasattr(result, "summary_line") else ""
+    if line:
+        print(line)
     print(f"results: {out}  (report: {report})")

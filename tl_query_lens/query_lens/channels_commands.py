@@ -48,7 +48,7 @@ class ChannelsRun(SavableResult):
     def figures(self) -> dict[str, Any]:
         return self.channels.figures()
 
-    def summary(self) -> str:
+    def summary_line(self) -> str:
         """The channels, and per fit the overlap of same- vs different-destination pairs and the held-out means."""
         res = self.channels
         lines = [
