@@ -346,6 +346,49 @@ def test_cli_refuses_an_unknown_dictionary_and_shows_help(tmp_path, capsys):
     assert "--quick" in capsys.readouterr().out
 
 
+def test_cli_builds_the_api_site_in_out_and_presents_the_result_beside_it(tmp_path, monkeypatch, capsys):
+    """``tlql atlas`` writes the files the API writes for the same config and windows (the site in --out), and the
+    runner's files (result, table, report, config) in <out>/result, not among the site's."""
+    from tl_query_lens.atlas import AtlasResult, build
+    from tl_query_lens.cli import main
+
+    model = tiny_model("gelu_ln")
+    monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
+    monkeypatch.setattr(
+        build,
+        "load_corpus",
+        lambda src, tok, *, n_seqs, seq_len, split, seed: tiny_tokens(model, n_seqs, seq_len, seed),
+    )
+    sizes = {"n_tokens": 40 * SEQ, "seq_len": SEQ, "shard_size": 32, "band_sample": 8, "operator_seqs": 2}
+    out = tmp_path / "cli"
+    argv = ["atlas", "--dictionary", "ffkv:1", *(f"--{k.replace('_', '-')}={v}" for k, v in sizes.items())]
+    assert main([*argv, "--operator-seq-len", "8", "--no-exports", "--no-wandb", "--out", str(out)]) == 0
+    cfg = _cfg(tmp_path / "api", exports=False, operator_seqs=2, operator_seq_len=8)
+    tokens, ops = tiny_tokens(model, cfg.n_seqs, SEQ), tiny_tokens(model, 2, 8)
+    build_atlas(model, None, cfg, tokens=tokens, operator_tokens=ops, progress=False)
+    cli, api = _files(out), _files(tmp_path / "api")
+    assert len(api) > 10 and cli.keys() == api.keys() and [k for k in cli if cli[k] != api[k]] == []
+    assert AtlasResult.load(out / "result").n_features == 64
+    for name in ("atlas_dictionaries.csv", "atlas.json", "config.json", "report.html"):
+        assert (out / "result" / name).is_file() and not (out / name).exists()
+    assert f"Atlas of 64 features (1 dictionaries) in {out}: open {out / 'index.html'}" in capsys.readouterr().out
+
+
+def test_cli_quick_preset_takes_every_option_given_even_a_default():
+    """Reference: the quick preset built with the given values as keywords. Before the one runner, an option given
+    with its default value under --quick was taken as not given."""
+    from tl_query_lens.cli import build_parser, subcommands
+    from tl_query_lens.cli.runner import config_of
+    from tl_query_lens.commands import COMMANDS
+
+    command = next(c for c in COMMANDS if c.name == "atlas")
+    parser = subcommands(build_parser(command="atlas"))["atlas"]
+    argv = ["--quick", "--n-tokens", "102400", "--out", "elsewhere"]
+    cfg = config_of(command, parser.parse_args(argv))
+    assert cfg.atlas == AtlasConfig.preset_quick(n_tokens=102_400, out="elsewhere")
+    assert cfg.run.out == "elsewhere" and cfg.run.features == "0-255"
+
+
 @pytest.mark.distributed
 @pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
 def test_two_torchrun_ranks_write_the_same_files_as_one(tmp_path):

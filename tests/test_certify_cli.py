@@ -44,7 +44,7 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
         ]
     )
     assert rc == 0
-    rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((out / "certify_certificates.csv").read_text().splitlines()))
     assert [(r["label"], r["proxy"]) for r in rows] == [
         ("ffkv L0", "real"),
         ("ffkv L2", "real"),
@@ -53,8 +53,10 @@ def test_cli_ffkv_sweep_with_shuffle_writes_table_plots_and_certificates(tiny_en
     ]
     assert rows[1]["hook"] == "blocks.2.hook_mlp_out"
     assert all(int(r["N"]) == 24 and int(r["m"]) == 64 for r in rows)
-    for name in ("bound_vs_N.html", "gap_real_vs_shuffled.html", "times.json"):
+    for name in ("certify_bound_vs_N.html", "certify_gap_real_vs_shuffled.html", "report.html"):
         assert (out / name).exists()
+    scalars = json.loads((out / "certify.json").read_text())  # the time split of the shared pass among them
+    assert {"times/clean_s", "times/proxy_s", "times/restricted_s", "times/pool_s"} <= set(scalars)
     saved = json.loads((out / result_name("ffkv L2") / "result.json").read_text())["fields"]
     assert saved["N"] == 24 and saved["config"]["k"] == 5
 
@@ -89,7 +91,7 @@ def test_cli_saved_sae_path(tiny_env, tmp_path):
         )
         == 0
     )
-    rows = list(csv.DictReader((out / "certificates.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((out / "certify_certificates.csv").read_text().splitlines()))
     assert [(r["label"], r["proxy"]) for r in rows] == [
         ("ffkv L2", "real"),
         ("sae L1 sae", "real"),
@@ -173,7 +175,7 @@ def test_cli_exclude_first_positions_reaches_the_certificate(tiny_env, tmp_path)
     assert main(_certify_argv(out, "--exclude-first-positions", "2")) == 0
     saved = json.loads((out / result_name("ffkv L2") / "result.json").read_text())["fields"]
     assert saved["config"]["exclude_first_positions"] == 2 and saved["config"]["predictions_per_window"] == 5
-    assert json.loads((out / "config.json").read_text())["exclude_first_positions"] == 2
+    assert json.loads((out / "config.json").read_text())["protocol"]["exclude_first_positions"] == 2
     cal, ev = tiny_tokens(tiny_env, 4, 8, seed=1), tiny_tokens(tiny_env, 24, 8, seed=2)
     api = tq.certify(tiny_env, FFKV.from_model(tiny_env, 2, "vanilla"), cal, ev, k=5, exclude_first_positions=2)
     full = tq.certify(tiny_env, FFKV.from_model(tiny_env, 2, "vanilla"), cal, ev, k=5)
@@ -208,22 +210,23 @@ def test_cli_exclude_first_positions_beyond_the_window_names_the_fix(tiny_env, t
 
 
 def test_cli_estimate_comes_first_and_counts_the_passes_run(tiny_env, tmp_path, monkeypatch, caplog):
-    """The one-line estimate is logged before the first pass, and the forward batches it scales by equal the passes
-    the run makes, counted here by wrapping the model's ``run_with_cache`` (calibration and clean passes) and the proxy forward."""
+    """The one-line estimate is logged right after the run's own first batch (timed, no extra batch) and before the
+    second, and the forward batches it scales by equal the passes the run makes, counted here by wrapping the model's
+    ``run_with_cache`` (calibration and clean passes) and the proxy forward."""
     import importlib
     import re
 
     losses = importlib.import_module("tl_query_lens.certify.losses")
 
-    passes = {"n": 0, "estimated_before_first": None}
+    passes: dict = {"n": 0, "estimated_at": []}
 
     def counting(fn, proxy_only=False):
         def wrapped(*args, **kwargs):
-            if passes["estimated_before_first"] is None:
-                passes["estimated_before_first"] = any("estimated wall time" in r.getMessage() for r in caplog.records)
+            out = fn(*args, **kwargs)
+            passes["estimated_at"].append(any("estimated wall time" in r.getMessage() for r in caplog.records))
             if not (proxy_only and "rows" in kwargs):  # a restricted re-run of a few rows is not a batch
                 passes["n"] += 1
-            return fn(*args, **kwargs)
+            return out
 
         return wrapped
 
@@ -234,7 +237,7 @@ def test_cli_estimate_comes_first_and_counts_the_passes_run(tiny_env, tmp_path, 
     with caplog.at_level("INFO"):
         assert main(argv) == 0
     line = next(r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage())
-    assert passes["estimated_before_first"] is True
+    assert passes["estimated_at"][:2] == [False, True]  # timed on the first batch, logged as the second runs
     assert int(re.search(r"\((\d+) forward batches", line).group(1)) == passes["n"]
     assert passes["n"] == 2 + 7 * (1 + 4)  # ceil(5/3) calibration, ceil(20/3) x (clean + 2 real + 2 shuffled)
     assert "--n-eval" in line

@@ -49,6 +49,7 @@ def test_every_option_has_help_from_a_docstring():
         (["ql-evaluate"], "tl_query_lens.query_lens.table1", "Table1Config"),
         (["ffkv"], "tl_query_lens.dictionaries.splice", "FFKVSummaryConfig"),
         (["ql-channels"], "tl_query_lens.query_lens.channels", "SubspaceChannelsConfig"),
+        (["atlas"], "tl_query_lens.atlas.config", "AtlasConfig"),
     ],
 )
 def test_defaults_and_choices_are_the_configs(argv, module, cls):

@@ -424,7 +424,7 @@ def test_cli_certify_paper_protocol_on_a_topk_sae(tiny_cli, tmp_path):
     argv = ["certify", "--protocol", "paper", "--dictionary", f"ffkv,{folder}", "--layers", "1", "--shuffle"]
     argv += ["--n-cal", "6", "--seq-len", "8", "--k", "4", "--bins", "8", "--corpus", str(corpus)]
     assert main([*argv, "--no-wandb", "--out", str(out)]) == 0
-    rows = list(csv.DictReader((out / "certificates_paper_protocol.csv").read_text().splitlines()))
+    rows = list(csv.DictReader((out / "certify_certificates_paper_protocol.csv").read_text().splitlines()))
     assert [r["label"] for r in rows] == ["ffkv L1", f"sae L1 {HOOK}"]
     for r in rows:
         assert float(r["bound_occam"]) >= float(r["bound"]) and int(r["m"]) > 0

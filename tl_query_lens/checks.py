@@ -82,7 +82,12 @@ def check_run(run: RunConfig, *, folders: dict[str, Any] | None = None, **seq_le
         for item in ",".join(run.dictionary or ()).split(","):
             if item.strip().startswith("ffkv"):
                 check_ffkv_layer(parse_source(item), dims.n_layers)
-    for name, length in {"seq_len": run.seq_len, **seq_lens}.items():
+    check_context(dims, **{"seq_len": run.seq_len, **seq_lens})
+    return dims
+
+
+def check_context(dims: ModelDims | None, **seq_lens: int | None) -> None:
+    """Each of ``seq_lens`` (option name → length) against the model's context (nothing while ``dims`` is None)."""
+    for name, length in seq_lens.items():
         if dims is not None and length is not None and length > dims.n_ctx:
             raise InputError(f"--{name.replace('_', '-')} {length} exceeds the model context {dims.n_ctx}.")
-    return dims

@@ -49,6 +49,8 @@ class Command:
         check: import path of ``check(cfg, dims)`` (checks before the model loads), or None.
         needs_model: whether the runner loads ``cfg.run.model`` before ``run``.
         result_name: name of the result in W&B and of its files beside the result (default: ``name`` with ``_``).
+        result_folder: folder under ``--out`` where the runner saves, logs and reports the result ("": ``--out``
+            itself; the atlas keeps its site in ``--out`` and its result in ``<out>/result``).
     """
 
     name: str
@@ -58,6 +60,7 @@ class Command:
     check: str | None = None
     needs_model: bool = True
     result_name: str | None = None
+    result_folder: str = ""
 
     @property
     def words(self) -> list[str]:

@@ -85,4 +85,26 @@ COMMANDS: tuple[Command, ...] = (
         run="tl_query_lens.readout.commands:run_eval",
         check="tl_query_lens.readout.commands:check_eval",
     ),
+    Command(
+        "ql-channels",
+        "subspace channels: low-rank fits of module responses",
+        config="tl_query_lens.query_lens.config:ChannelsCommandConfig",
+        run="tl_query_lens.query_lens.channels_commands:run_ql_channels",
+        check="tl_query_lens.query_lens.channels_commands:check_ql_channels",
+    ),
+    Command(
+        "certify",
+        "certify the model through SAE / FF-KV proxies (risk bound)",
+        config="tl_query_lens.certify.config:CertifyCommandConfig",
+        run="tl_query_lens.certify.commands:run_certify",
+        check="tl_query_lens.certify.commands:check_certify",
+    ),
+    Command(
+        "atlas",
+        "build the feature atlas: a static, searchable site of every feature (resumable; torchrun splits it)",
+        config="tl_query_lens.atlas.config:AtlasCommandConfig",
+        run="tl_query_lens.atlas.commands:run_atlas",
+        check="tl_query_lens.atlas.commands:check_atlas",
+        result_folder="result",
+    ),
 )

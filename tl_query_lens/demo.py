@@ -18,9 +18,10 @@ from tl_query_lens.certify.plots import bound_vs_n_figure
 from tl_query_lens.config import resolve_config
 from tl_query_lens.corpus import load_corpus
 from tl_query_lens.demo_config import DemoConfig
-from tl_query_lens.demo_progress import Progress, clock, step_estimates
+from tl_query_lens.demo_progress import Progress, step_estimates
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.splice import ffkv_summary
+from tl_query_lens.estimates import clock
 from tl_query_lens.models import cache_dir, load_model
 from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.readout import cached_sae_path, decompose, feature_labels, fit_readout, top1_vs_competitor

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-# announce and seconds_per_batch: the certify command imports them from here until the command runner's rewrite
-from tl_query_lens.estimates import BatchClock, announce, clock, seconds_per_batch  # noqa: F401
+from tl_query_lens.estimates import BatchClock, clock
 from tl_query_lens.readout.registry import READOUT_RELEASES
 
 # Cost of each step in units of one timed forward token (seconds_per_token), as "fixed + per token". Set from the

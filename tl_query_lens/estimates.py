@@ -64,18 +64,6 @@ class BatchClock:
             handle.remove()
 
 
-@torch.no_grad()
-def seconds_per_batch(model, batch: torch.Tensor) -> float:
-    """Wall seconds of one plain forward pass of ``batch`` (after one warm-up pass of its first row): an extra batch,
-    kept only for the ``certify`` command's own estimate line until the command runner calls
-    :func:`~tl_query_lens.certify.protocol.certify_protocol`'s estimate alone (the library path, :func:`estimate`)."""
-    batch = batch.to(model.cfg.device)
-    model(batch[:1])
-    t0 = time.perf_counter()
-    model(batch)
-    return time.perf_counter() - t0
-
-
 def estimate(
     command: str, n_batches: float, option: str, unit: str = "forward batches", n_first: int = 1
 ) -> BatchClock:

@@ -161,6 +161,15 @@ class AtlasResult(SavableResult):
     def index_html(self) -> Path:
         return Path(self.out) / "index.html"
 
+    def summary_line(self) -> str:
+        """Where the site is, with its size and what this run built."""
+        scalars = self.scalars()
+        return (
+            f"Atlas of {self.n_features} features ({len(self.dictionaries)} dictionaries) in {self.out}: "
+            f"open {self.index_html}  ({scalars['seconds']:.0f} s, {scalars['bytes/feature (gzip)']:.0f} "
+            f"bytes/feature gzip, {self.shards_built} shards built, {self.shards_reused} reused)"
+        )
+
 
 @dataclass
 class Unit:

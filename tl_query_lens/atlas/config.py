@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tl_query_lens.config import Split, check_ranges
+from tl_query_lens.config import RunConfig, Split, check_ranges
 
 QUICK_LAYER = 20  # the one FF-KV layer of the quick atlas
 #: The bot user of Neuronpedia's database seed (``apps/webapp/prisma/seed.ts``), present on every fresh instance.
@@ -180,3 +180,33 @@ class AtlasConfig:
         skip = {"out", "dictionary", "layers", "features", "attach", "exports", "operator_cache", "quick", "shard_size"}
         skip |= {"neuronpedia_creator", "neuronpedia_visibility"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+
+
+@dataclass
+class AtlasCommandConfig:
+    """``tlql atlas``: every feature of the chosen dictionaries as a static site in ``--out`` (docs/atlas.md).
+
+    Attributes:
+        run: model, device and W&B; its ``out`` is the site's folder (``atlas.out`` follows it), and the corpus,
+            seed, layers, features and dictionaries are the atlas's own options.
+        atlas: sizes and contents of the atlas.
+    """
+
+    run: RunConfig = field(default_factory=lambda: run_of(AtlasConfig()))
+    atlas: AtlasConfig = field(default_factory=AtlasConfig)
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = ("model", "device", "wandb", "wandb_project")
+    NOT_OPTIONS: ClassVar[tuple[str, ...]] = ("atlas.quick",)  # set by the preset: --quick
+
+    @classmethod
+    def quick(cls) -> AtlasCommandConfig:
+        """A first look in a minute or two: one FF-KV layer, 256 features, a small corpus (options given explicitly
+        still win)."""
+        atlas = AtlasConfig.preset_quick()
+        return cls(run=run_of(atlas), atlas=atlas)
+
+
+def run_of(atlas: AtlasConfig) -> RunConfig:
+    """The :class:`RunConfig` that names what ``atlas`` builds from (the command line feeds both from one option)."""
+    names = ("corpus", "seed", "seq_len", "layers", "features", "dictionary")
+    return RunConfig(out=str(atlas.out), **{name: getattr(atlas, name) for name in names})

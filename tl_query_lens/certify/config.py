@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from tl_query_lens.config import check_first_positions, check_ranges
+from tl_query_lens.config import RunConfig, check_first_positions, check_ranges
 from tl_query_lens.errors import InputError
 from tl_query_lens.protocols import ProtocolName, resolve_protocol
 
@@ -163,3 +163,24 @@ class ProtocolCertifyConfig:
             "autocast",
         )
         return CertifyConfig(**{name: getattr(self, name) for name in names})
+
+
+@dataclass
+class CertifyCommandConfig:
+    """``tlql certify``: certificates of FF-KV or saved dictionaries per layer, under this project's protocol
+    (``tlql``: a fixed pool, the shuffle ablation, plots) or the paper's (docs/certification.md).
+
+    Attributes:
+        run: model, corpus, layers, dictionaries, output and W&B (the window length is ``protocol.seq_len``).
+        protocol: the certification's options, the protocol included.
+    """
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(out="results/certify", layers="0,6,12,18,24,29", seq_len=32)
+    )
+    protocol: ProtocolCertifyConfig = field(default_factory=lambda: ProtocolCertifyConfig(protocol="tlql"))
+
+    RUN_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "model", "corpus", "device", "seed", "layers", "dictionary", "out", "wandb", "wandb_project",
+    )  # fmt: skip
+    SHOWN: ClassVar[dict[str, str]] = {"checkpoint_dir": "<--out>/partial"}

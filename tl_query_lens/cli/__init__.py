@@ -26,12 +26,7 @@ from tl_query_lens.commands import COMMANDS, GROUPS
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "subcommands"]
 
-SUBCOMMANDS = (
-    "ql_channels",
-    "certify",
-    "demo",
-    "atlas",
-)
+SUBCOMMANDS = ("demo",)
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -235,6 +235,9 @@ def add_config_options(
         if f.name in taken or dataclasses.is_dataclass(kind) or dict in (kind, typing.get_origin(kind)):
             continue
         taken.add(f.name)
+        ranges = getattr(cls, "RANGES", {})
+        if f.name in ranges:  # a given number is checked by main() right after parsing, before any config is built
+            parser.__dict__.setdefault("tlql_ranges", {})[f.name] = ranges[f.name]
         text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")  # argparse formats help with %
         if _shaped_option(parser, f, text):
             continue

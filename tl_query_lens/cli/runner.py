@@ -72,7 +72,7 @@ def present(command: Command, cfg: Any, result: Any) -> None:
 
     if getattr(result, "rank", 0) != 0:  # torchrun: rank 0 presents the merged result
         return
-    out = Path(cfg.run.out)
+    out = Path(cfg.run.out) / command.result_folder
     result.save(out)
     with Tracker(
         out, project=cfg.run.wandb_project, name=command.slug, config=asdict(cfg), use_wandb=cfg.run.wandb
