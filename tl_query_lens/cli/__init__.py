@@ -19,7 +19,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from tl_query_lens.cli import options_cache, runner
+from tl_query_lens.cli import runner
+from tl_query_lens.cli.options import check_ranges
 from tl_query_lens.cli.subcommand import configure
 from tl_query_lens.command import Command
 from tl_query_lens.commands import COMMANDS, GROUPS
@@ -92,11 +93,8 @@ def main(argv: list[str] | None = None, commands: tuple[Command, ...] = COMMANDS
     parser = build_parser(command="", commands=commands)
     choices = subcommands(parser)
     name = next((word for word in argv if word in choices), None)  # the subcommand named: configure it alone
-    if name is not None and hasattr(choices[name], "tlql_configure"):
-        if name in {w for c in commands for w in c.words[:1]}:
-            configure(choices[name])  # configs import no torch: no cache needed
-        else:
-            options_cache.configure_cached(parser, name)
+    if name is not None:
+        configure(choices[name])  # its configs import no torch
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose or debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
@@ -116,7 +114,7 @@ def main(argv: list[str] | None = None, commands: tuple[Command, ...] = COMMANDS
         except InputError as err:
             print(f"tlql {command}: error: {err}", file=sys.stderr)
             return 2
-    out_of_range = options_cache.check_ranges(parser, args)  # before any config (and torch) is imported
+    out_of_range = check_ranges(parser, args)  # before any config is built
     if out_of_range:
         print(f"tlql {command}: error: {out_of_range}", file=sys.stderr)
         print("(add --debug to see the traceback)", file=sys.stderr)

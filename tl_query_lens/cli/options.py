@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import math
 import re
 import types
 import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
+
+from tl_query_lens.config import describe_interval, in_interval
 
 _METAVARS = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
 
@@ -290,3 +293,20 @@ def _shaped_option(parser: argparse.ArgumentParser, f: dataclasses.Field, text: 
     spec = {"nargs": meta["nargs"], "metavar": meta.get("metavar")} if "nargs" in meta else {}
     target.add_argument(option(f.name), dest=f.name, default=NOT_GIVEN, help=text, **spec)
     return True
+
+
+def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first parsed number outside its option's range, as a message naming the option; None when all fit."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub = subs[0].choices.get(getattr(args, "command", None) or "") if subs else None
+    nested = [a for a in (sub._actions if sub else []) if isinstance(a, argparse._SubParsersAction)]
+    if nested and getattr(args, "action", None):
+        sub = nested[0].choices.get(args.action)
+    for dest, interval in (getattr(sub, "tlql_ranges", None) or {}).items():
+        value = getattr(args, dest, None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # None (the default), or a list checked by its config
+        if not (math.isfinite(value) and in_interval(value, interval)):
+            flag = "--" + dest.replace("_", "-")
+            return f"{flag} must {describe_interval(interval, value)}, got {value!r}."
+    return None
