@@ -307,13 +307,26 @@ def _pool_curve() -> str:
     return "\n".join(lines) + f"\n\nAll rows: cell `{name}` of `docs/reproduction/certify_pool_curve.json`."
 
 
+def pool_all_phrases() -> list[str]:
+    """docs/certification.md's reading of the full pool: both layers' Occam bound and N* at every window."""
+    _, by = pool_curve()
+    n_all = max(n for n, _ in by)
+    l24, l28 = by[(n_all, "L24")], by[(n_all, "L28")]
+    return [
+        f"the Occam bound is {_f(l24['bound_occam'])} bits for L24 (80 % depth) and {_f(l28['bound_occam'], 3)} for L28",
+        f"the closed-form N* is {l24['N_star_closed_form_occam']:,.0f} and {l28['N_star_closed_form_occam']:,.0f}",
+        f"every calibration window of the 'broad' corpus: {n_all:,} windows,\n{l24['cal_tokens']:,} tokens",
+    ]
+
+
 def pool_curve_phrases() -> list[str]:
-    """The §4.3 sentence on the pool size at N = 1,000: per layer, η̂ and the Occam bound at 512 → 4,096 windows."""
-    result = _json("certify_pool_curve.json")["saes-L24-L28-N1000-cal4096"]["result"]
-    by = {(r["n_cal"], label.split()[1]): r for label, r in zip(result["labels"], result["rows"], strict=True)}
+    """The §4.3 sentence on the pool size at N = 1,000: per layer, η̂, the Occam bound and N* from 512 windows to
+    every window of the calibration split."""
+    _, by = pool_curve()
+    n_all = max(n for n, _ in by)
     out = []
     for layer in ("L24", "L28"):
-        small, large = by[(512, layer)], by[(4096, layer)]
+        small, large = by[(512, layer)], by[(n_all, layer)]
         out.append(
             f"{layer}: η̂ {_f(small['eta_hat'], 3)} → {_f(large['eta_hat'], 3)}, Occam "
             f"{_f(small['bound_occam'])} → {_f(large['bound_occam'])} bits, N* "
@@ -441,6 +454,7 @@ def headlines() -> dict[str, list[str]]:
             f"(U = {' / '.join(n250[:4])} /",
             f"does not (U = {n250[5]},",
             f"R̂ ≈ {n1000}",
+            *pool_all_phrases(),
         ],
         "query_lens_evaluation.md": [
             (
