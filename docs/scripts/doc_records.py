@@ -282,9 +282,7 @@ def pool_curve() -> tuple[str, dict[tuple[int, str], dict[str, Any]]]:
     cells = {k: v for k, v in _json("certify_pool_curve.json").items() if k.startswith("saes-L24-L28-N1000-cal")}
     name = max(cells, key=lambda k: max(r["n_cal"] for r in cells[k]["result"]["rows"]))
     result = cells[name]["result"]
-    return name, {
-        (r["n_cal"], label.split()[1]): r for label, r in zip(result["labels"], result["rows"], strict=True)
-    }
+    return name, {(r["n_cal"], label.split()[1]): r for label, r in zip(result["labels"], result["rows"], strict=True)}
 
 
 @table("pool-curve")
@@ -292,11 +290,8 @@ def _pool_curve() -> str:
     """docs/certification.md: η̂, bounds and N* per layer and pool size at N = 1,000 (one cell, every pool)."""
     name, by = pool_curve()
     depth = {"L24": "80 %", "L28": "93 %"}
-    lines = [
-        "| dictionary (depth) | pool: windows (tokens) | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | certifies "
-        "| N* (Occam, closed form) |",
-        "|" + "---|" * 10,
-    ]
+    head = "| dictionary (depth) | pool: windows (tokens) | P / m | η̂ | R̂ | ε̂ | fixed-pool | Occam | certifies "
+    lines = [head + "| N* (Occam, closed form) |", "|" + "---|" * 10]
     for (n_cal, layer), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         lines.append(
             f"| SAE {layer} ({depth[layer]}) | {n_cal:,} ({r['cal_tokens']:,}) | {r['P']:,} / {r['m']:,} | "
