@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,7 @@ from tests.test_results import RESULT_CLASSES, make
 from tests.test_tracking import _records_when_flushed
 from tl_query_lens.atlas.build import AtlasResult
 from tl_query_lens.certify.certify import Certificate
+from tl_query_lens.certify.commands import PaperCertificates
 from tl_query_lens.certify.protocol import ProtocolCertification, protocol_row
 from tl_query_lens.certify.sweep import LayerSweep
 from tl_query_lens.dictionaries.absorption import AbsorptionResult
@@ -22,8 +24,11 @@ from tl_query_lens.dictionaries.compare import DictionaryComparison
 from tl_query_lens.dictionaries.splice import FFKVSummary
 from tl_query_lens.presentation import CELL_TYPES, Presentable, Table
 from tl_query_lens.query_lens.channels import ChannelAnalysis
+from tl_query_lens.query_lens.channels_commands import ChannelsRun
+from tl_query_lens.query_lens.commands import QueryLensRun, Table1Run
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.result import Signatures
+from tl_query_lens.readout.commands import ReadoutDecomposition, ReadoutEvalRun, ReadoutFitRun
 from tl_query_lens.readout.cross_lens_paper import CrossLensPromptResult
 from tl_query_lens.readout.decompose import Decomposition
 from tl_query_lens.readout.diagnostics_paper import PaperReadoutDiagnostics
@@ -200,6 +205,27 @@ def _reproduction():
     return result
 
 
+def _copy_into(cls, base):
+    """A command's result class that extends ``base``'s class, holding ``base``'s realistic values."""
+    result = make(cls)
+    for f in dataclasses.fields(base):
+        setattr(result, f.name, getattr(base, f.name))
+    return result
+
+
+def _readout_eval_run():
+    result = make(ReadoutEvalRun)
+    result.report, result.paper = _readout_report(), _paper_readout()
+    return result
+
+
+def _table1_run():
+    result = make(Table1Run)
+    result.evaluation = _evaluation()
+    result.summaries, result.groups = {"ffkv": result.evaluation.summary()}, {"ffkv": ["ffkv L1"]}
+    return result
+
+
 BUILDERS = {
     AtlasResult: _atlas,
     Reproduction: _reproduction,
@@ -216,6 +242,13 @@ BUILDERS = {
     CrossLensPromptResult: _cross_lens_prompts,
     ReadoutFit: _fit,
     ProtocolCertification: _protocol,
+    PaperCertificates: lambda: PaperCertificates(protocol_paper=_protocol()),
+    ChannelsRun: lambda: ChannelsRun(channels=_channels(), sources=[1], seconds=2.0),
+    QueryLensRun: lambda: QueryLensRun(signatures={"layer1_value": _signatures()}),
+    Table1Run: _table1_run,
+    ReadoutFitRun: lambda: _copy_into(ReadoutFitRun, _fit()),
+    ReadoutDecomposition: lambda: _copy_into(ReadoutDecomposition, _decomposition()),
+    ReadoutEvalRun: _readout_eval_run,
 }
 
 

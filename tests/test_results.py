@@ -12,6 +12,7 @@ import torch
 
 from tl_query_lens.atlas.build import AtlasResult, DictionaryQuality
 from tl_query_lens.certify.certify import Certificate
+from tl_query_lens.certify.commands import PaperCertificates
 from tl_query_lens.certify.protocol import ProtocolCertification
 from tl_query_lens.certify.sweep import LayerSweep, ShuffleAblation
 from tl_query_lens.dictionaries.absorption import AbsorptionResult
@@ -20,9 +21,12 @@ from tl_query_lens.dictionaries.faithfulness import FaithfulnessResult
 from tl_query_lens.dictionaries.splice import FFKVSummary, SpliceMetrics
 from tl_query_lens.documents import DocumentWindows
 from tl_query_lens.query_lens.channels import ChannelAnalysis
+from tl_query_lens.query_lens.channels_commands import ChannelsRun
+from tl_query_lens.query_lens.commands import QueryLensRun, Table1Run
 from tl_query_lens.query_lens.evaluation import SignatureEvaluation
 from tl_query_lens.query_lens.max_activating import MaxActivations
 from tl_query_lens.query_lens.result import Signatures
+from tl_query_lens.readout.commands import ReadoutDecomposition, ReadoutEvalRun, ReadoutFitRun
 from tl_query_lens.readout.cross_lens import CrossLensResult
 from tl_query_lens.readout.cross_lens_paper import CrossLensPromptResult
 from tl_query_lens.readout.decompose import Decomposition
@@ -71,6 +75,14 @@ RESULT_CLASSES = [
     AtlasResult,
     DictionaryQuality,
     Reproduction,
+    # what the commands return (tl_query_lens/commands.py)
+    PaperCertificates,
+    ChannelsRun,
+    QueryLensRun,
+    Table1Run,
+    ReadoutFitRun,
+    ReadoutDecomposition,
+    ReadoutEvalRun,
 ]
 SPECIAL = [float("nan"), float("inf"), -float("inf"), 0.25]
 
