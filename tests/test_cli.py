@@ -26,7 +26,7 @@ def test_parse_layers():
 def test_ffkv_command(tmp_path):
     out = tmp_path / "ffkv"
     assert main(["ffkv", "--layers", "2,20", "--n-seqs", "4", "--seq-len", "16", "--out", str(out)]) == 0
-    rows = list(csv.DictReader((out / "ffkv_summary.csv").open()))
+    rows = list(csv.DictReader((out / "ffkv_per_layer.csv").open()))
     assert [r["layer"] for r in rows] == ["2", "20"]
     for row in rows:
         assert float(row["ev_vanilla"]) > 0.9999  # the dense dictionary is exact

@@ -37,9 +37,12 @@ def unreachable_wandb(monkeypatch, tmp_path):
 def tiny_loaders(monkeypatch):
     model = tiny_model("gelu_ln")
     monkeypatch.setattr("tl_query_lens.models.load_model", lambda name, device=None: model)
-    monkeypatch.setattr(
-        "tl_query_lens.corpus.load_corpus", lambda *a, n_seqs, seq_len, **kw: tiny_tokens(model, n_seqs, seq_len)
-    )
+
+    def tokens(*a, n_seqs, seq_len, **kw):
+        return tiny_tokens(model, n_seqs, seq_len)
+
+    monkeypatch.setattr("tl_query_lens.corpus.load_corpus", tokens)
+    monkeypatch.setattr("tl_query_lens.dictionaries.splice.load_corpus", tokens)  # tlql ffkv's run reads it there
     return model
 
 
@@ -54,7 +57,7 @@ def test_cli_finishes_with_results_when_wandb_is_unreachable(unreachable_wandb, 
     with caplog.at_level(logging.WARNING, logger="tl_query_lens.tracking"):
         rc = main(["ffkv", "--layers", "0,2", "--k", "8", "--n-seqs", "2", "--seq-len", "8", "--out", str(out)])
     assert rc == 0
-    rows = list(csv.DictReader((out / "ffkv_summary.csv").open()))
+    rows = list(csv.DictReader((out / "ffkv_per_layer.csv").open()))
     assert [r["layer"] for r in rows] == ["0", "2"]
     assert (out / "layer0" / "result.json").exists() and (out / "layer2" / "result.json").exists()
     _check_warning(caplog.text, out)
