@@ -64,6 +64,7 @@ from tl_query_lens.errors import InputError, MissingFileError
 from tl_query_lens.hooks import stop_layer
 from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, clear_temporaries
+from tl_query_lens.precision import Precision, model_passes, use_bf16
 from tl_query_lens.presentation import Table
 from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.ranges import parse_ranges
@@ -73,6 +74,9 @@ from tl_query_lens.saes.report import SuiteQuality  # noqa: F401
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+#: Precision of the model passes (corpus pass and operator sweeps), resolved by tl_query_lens.precision:
+#: docs/benchmarks.md, "bf16 where its measured accuracy holds", has the measurement behind it.
+PRECISION: Precision = "auto"
 #: Disk space a feature needs while building (shard JSON + JS, exports), a generous estimate for the free-space check.
 BYTES_PER_FEATURE_ESTIMATE = 40_000
 
@@ -232,6 +236,8 @@ def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp
         "tokens": tokens_fp,
         "operators": ops_fp,
     }
+    if use_bf16(PRECISION, model.cfg.device):  # fp32 shards keep the fingerprint they had before bf16 existed
+        record["precision"] = "bfloat16-autocast"
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -503,14 +509,15 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
     captured: dict[str, torch.Tensor] = {}
 
     def grab(act, hook):
-        captured[hook.name] = act
+        captured[hook.name] = act.float()  # the dictionaries encode in fp32 (a bf16 pass gives bf16 MLP outputs)
 
     finals = [h for h in hooks if h.startswith(("ln_final", "unembed"))]
     stop = None if finals else stop_layer(hooks)
     bar = tqdm(range(0, tokens.shape[0], cfg.batch_size), desc="atlas: forward pass", disable=not progress)
     for start in bar:
         batch = tokens[start : start + cfg.batch_size].to(model.cfg.device)
-        model.run_with_hooks(batch, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+        with model_passes(model, PRECISION):
+            model.run_with_hooks(batch, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
         for slug, d in dicts.items():
             acts = encode(d, captured[d.sae.cfg.metadata.hook_name])
             collectors[slug].update(
@@ -541,7 +548,8 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
     if not cfg.signatures:
         lens = None
     elif lens is None:
-        lens = QueryLens(model, operator_tokens, progress=progress, cache_dir=cfg.operator_cache or out / "operators")
+        cache = cfg.operator_cache or out / "operators"
+        lens = QueryLens(model, operator_tokens, progress=progress, cache_dir=cache, sweep_dtype=PRECISION)
     if lens is not None:
         full = [u.dictionary for u in units if _basis(u.dictionary, cfg, model) == "identity"]
         full = list({d.slug: d for d in full}.values())

@@ -40,9 +40,9 @@ from tl_query_lens.errors import InputError, check_outputs
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.paths import check_folder
+from tl_query_lens.precision import model_passes
 from tl_query_lens.presentation import Table, numeric_fields
 from tl_query_lens.primitives import check_first_positions
-from tl_query_lens.query_lens.evaluation import model_passes
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)

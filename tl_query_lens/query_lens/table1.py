@@ -32,11 +32,11 @@ from tl_query_lens.operators import EngineConfig
 from tl_query_lens.operators.config import fold_flat_engine_options
 from tl_query_lens.operators.distributed import all_ranks, gathered_by_key, rank_and_world
 from tl_query_lens.paths import check_folder, result_name
+from tl_query_lens.precision import model_passes
 from tl_query_lens.query_lens.evaluation import (
     EvaluationConfig,
     SignatureEvaluation,
     evaluate_signatures,
-    model_passes,
 )
 from tl_query_lens.query_lens.lens import SIGNATURE_METHODS, Basis, QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
