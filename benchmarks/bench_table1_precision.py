@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tl_query_lens import load_corpus, load_model
     from tl_query_lens.operators.config import EngineConfig
-    from tl_query_lens.query_lens.evaluation import SignatureEvaluation, model_passes
+    from tl_query_lens.precision import model_passes
+    from tl_query_lens.query_lens.evaluation import SignatureEvaluation
     from tl_query_lens.query_lens.max_activating import max_activating_contexts
     from tl_query_lens.query_lens.steering import NEUTRAL_PROMPTS
     from tl_query_lens.query_lens.table1 import Table1Config, evaluate_table1

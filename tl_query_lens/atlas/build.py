@@ -74,9 +74,10 @@ from tl_query_lens.saes.report import SuiteQuality  # noqa: F401
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-#: Precision of the model passes (corpus pass and operator sweeps), resolved by tl_query_lens.precision:
-#: docs/benchmarks.md, "bf16 where its measured accuracy holds", has the measurement behind it.
-PRECISION: Precision = "auto"
+#: Precision of the corpus pass (tl_query_lens/precision.py; the dictionaries encode in fp32 either way). The operator
+#: sweeps follow EngineConfig.sweep_dtype. docs/benchmarks.md, "bf16 where its measured accuracy holds", has the
+#: measurements behind both.
+CORPUS_PASS_PRECISION: Precision = "auto"
 #: Disk space a feature needs while building (shard JSON + JS, exports), a generous estimate for the free-space check.
 BYTES_PER_FEATURE_ESTIMATE = 40_000
 
@@ -236,7 +237,8 @@ def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp
         "tokens": tokens_fp,
         "operators": ops_fp,
     }
-    if use_bf16(PRECISION, model.cfg.device):  # fp32 shards keep the fingerprint they had before bf16 existed
+    # a bf16 corpus pass gets other shards; fp32 shards keep the fingerprint they had before bf16 existed
+    if use_bf16(CORPUS_PASS_PRECISION, model.cfg.device):
         record["precision"] = "bfloat16-autocast"
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -516,7 +518,7 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
     bar = tqdm(range(0, tokens.shape[0], cfg.batch_size), desc="atlas: forward pass", disable=not progress)
     for start in bar:
         batch = tokens[start : start + cfg.batch_size].to(model.cfg.device)
-        with model_passes(model, PRECISION):
+        with model_passes(model, CORPUS_PASS_PRECISION):
             model.run_with_hooks(batch, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
         for slug, d in dicts.items():
             acts = encode(d, captured[d.sae.cfg.metadata.hook_name])
@@ -548,8 +550,7 @@ def _build_units(model, units, cfg, tokens, operator_tokens, dictionaries, out, 
     if not cfg.signatures:
         lens = None
     elif lens is None:
-        cache = cfg.operator_cache or out / "operators"
-        lens = QueryLens(model, operator_tokens, progress=progress, cache_dir=cache, sweep_dtype=PRECISION)
+        lens = QueryLens(model, operator_tokens, progress=progress, cache_dir=cfg.operator_cache or out / "operators")
     if lens is not None:
         full = [u.dictionary for u in units if _basis(u.dictionary, cfg, model) == "identity"]
         full = list({d.slug: d for d in full}.values())
