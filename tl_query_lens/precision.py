@@ -4,8 +4,8 @@ A setting is ``"auto"``, ``"float32"`` or ``"bfloat16"`` (``True`` / ``False`` r
 bf16 autocast where :func:`bf16_fast` finds native bf16 units (a CUDA device that supports bf16, a CPU whose flags
 list ``amx_bf16`` or ``avx512_bf16``, or an Arm CPU listing ``bf16``) and float32 elsewhere; the environment variable
 ``TLQL_PRECISION`` (``float32`` or ``bfloat16``) overrides every ``"auto"`` in the process, so fp32 is always one
-setting away. Explicit settings are never overridden. docs/benchmarks.md ("bf16 where its accuracy holds") lists the
-measurements that decide which defaults are ``"auto"``.
+setting away. Explicit settings are never overridden. docs/benchmarks.md ("bf16 where its measured accuracy holds")
+lists the measurements that decide which defaults are ``"auto"``.
 """
 
 from __future__ import annotations
