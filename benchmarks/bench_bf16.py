@@ -3,15 +3,16 @@
 Each part runs its fp32 reference and its bf16 variant on the same inputs, one after the other, and reports wall and
 CPU time (``time.process_time``: all threads of this process) and their ratios:
 
-(a) the operator engine: the value operator of ``blocks.<layer>.hook_resid_post`` (reverse sweep) and the key
-    operator at ``blocks.<layer>.ln2.hook_normalized`` (forward sweep) with ``sweep_dtype=None`` (fp32) and with
-    ``sweep_dtype="auto"`` resolved to bf16 (autocast); accuracy: the relative Frobenius error of each operator and
-    the top-k Jaccard of the QL_VALUE (top and bottom) and QL_KEY token lists of FF-KV features of that layer scored
-    from each (k = 25: the token sets Table 1 scores);
-(b) the atlas (``build_atlas``, the quick preset's one FF-KV layer, its ``PRECISION = "auto"`` resolved to fp32
-    and to bf16): its corpus pass (the model under bf16 autocast, the dictionary's encoding in fp32) and its
-    operator sweeps (bf16 autocast; the signatures are scored in fp32); accuracy: per feature, the Jaccard of its
-    top activating contexts (window ids) and of each signature's top tokens;
+(a) the operator engine, ``sweep_dtype=None`` (fp32) against ``sweep_dtype="auto"`` resolved to bf16 (autocast):
+    the value directions M v (pushed from ``blocks.<layer>.hook_resid_post``) and key gradients Nᵀk (pulled back from
+    ``blocks.<layer>.ln2.hook_normalized``) of FF-KV features of that layer, through the feature basis (``--basis
+    identity``: from the full d x d operators, which are compared too); accuracy: their relative Frobenius error and
+    the top-k Jaccard of the QL_VALUE (top and bottom) and QL_KEY token lists scored in fp32 from each (k = 25: the
+    token sets Table 1 scores);
+(b) the atlas (``build_atlas``, the quick preset's one FF-KV layer) with its ``CORPUS_PASS_PRECISION = "auto"``
+    resolved to fp32 and to bf16: the corpus pass runs the model under bf16 autocast and encodes in fp32; the
+    operator sweeps follow ``EngineConfig.sweep_dtype`` (its default in both runs); accuracy: per feature, the
+    Jaccard of its top activating contexts (window ids) and of each signature's top tokens;
 (c) a certificate (``certify_many``) of one dictionary at a small N with ``CertifyConfig.autocast`` off and on;
     accuracy: the difference of the fixed-pool bound U and of the Occam bound, in bits (and of R̂, ε̂, η̂, P).
 
