@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "corpus",
             "documents",
             "models",
+            "precision",
             "releases",
             "paths",
             "interrupts",
