@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from tl_query_lens import load_corpus, load_model
     from tl_query_lens.operators.config import EngineConfig
+    from tl_query_lens.precision import model_passes
     from tl_query_lens.query_lens.config import NEUTRAL_PROMPTS, Table1Config
-    from tl_query_lens.query_lens.evaluation import SignatureEvaluation, model_passes
+    from tl_query_lens.query_lens.evaluation import SignatureEvaluation
     from tl_query_lens.query_lens.max_activating import max_activating_contexts
     from tl_query_lens.query_lens.table1 import evaluate_table1
     from tl_query_lens.sources import load_sources, parse_sources

@@ -7,6 +7,9 @@ from tests.helpers import style  # noqa: F401  (fixture)
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# The exactness tests compare against fp32 references: every "auto" precision runs fp32 in the suite (a CPU with
+# bf16 units would otherwise take bf16); tests/test_precision.py sets the variable itself.
+os.environ.setdefault("TLQL_PRECISION", "float32")
 # two threads on the 2-core CI machine; OMP_NUM_THREADS=1 where the cores are shared (spinning threads stall)
 torch.set_num_threads(max(1, min(int(os.environ.get("OMP_NUM_THREADS") or 2), os.cpu_count() or 1)))
 

@@ -140,7 +140,7 @@ def test_check_fails_when_a_record_or_the_prose_changes(tmp_path: Path, monkeypa
 
     mod = _doc_records()
     docs = tmp_path / "docs"
-    for folder in ("reproduction", "certification"):
+    for folder in ("reproduction", "certification", "benchmarks"):
         shutil.copytree(ROOT / "docs" / folder, docs / folder)
     for path in (ROOT / "docs").glob("*.md"):
         shutil.copy(path, docs / path.name)

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "corpus",
             "documents",
             "models",
+            "precision",
             "releases",
             "paths",
             "interrupts",

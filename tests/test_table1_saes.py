@@ -440,7 +440,7 @@ def test_autocast_runs_the_protocol_passes_in_bf16_and_keeps_float32_results():
     sae = topk_sae(model)
     tokens = tiny_tokens(model, n_seqs=24, seq_len=8, seed=1)
     fp32 = max_activating_contexts(model, sae, tokens, n_contexts=4)
-    from tl_query_lens.query_lens.evaluation import model_passes
+    from tl_query_lens.precision import model_passes
 
     with model_passes(model, True):
         bf16 = max_activating_contexts(model, sae, tokens, n_contexts=4)

@@ -234,6 +234,79 @@ def _reproduce_rows() -> str:
     return "\n".join(lines)
 
 
+@table("bf16-benchmark")
+def _bf16_benchmark() -> str:
+    """fp32 against bf16 in one run (docs/benchmarks/bf16.json, written by benchmarks/bench_bf16.py)."""
+    rec = json.loads((DOCS / "benchmarks" / "bf16.json").read_text(encoding="utf-8"))
+    res, tol = rec["results"], rec["tolerances"]
+    lines = [
+        "| part | figure | fp32 | bf16 | bf16 against fp32 | tolerance | within |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def times(part: str, label: str) -> None:
+        r = res[part]
+        lines.append(
+            f"| {label} | wall / CPU time, s | {_f(r['fp32']['wall_s'], 1)} / {_f(r['fp32']['cpu_s'], 1)} | "
+            f"{_f(r['bf16']['wall_s'], 1)} / {_f(r['bf16']['cpu_s'], 1)} | "
+            f"{_f(r['ratios']['wall_s_fp32_over_bf16'])}× / {_f(r['ratios']['cpu_s_fp32_over_bf16'])}× faster | | |"
+        )
+
+    def jaccard(label: str, name: str, j: dict[str, float]) -> None:
+        ok = "yes" if j["mean"] >= tol["jaccard"] else "**no**"
+        lines.append(
+            f"| {label} | {name}: top-k Jaccard, mean (min) over {j['n']} | reference | {_f(j['mean'], 3)} "
+            f"({_f(j['min'], 3)}) | | ≥ {tol['jaccard']} | {ok} |"
+        )
+
+    if "operators" in res:
+        r = res["operators"]
+        label = f"(a) operator sweeps, {r['tokens']} tokens"
+        times("operators", label)
+        for side, err in r["operator_rel_frobenius_error"].items():
+            ok = "yes" if err <= tol["operator_rel_error"] else "**no**"
+            lines.append(
+                f"| {label} | {side}: relative Frobenius error | | | {err:.2e} | ≤ {tol['operator_rel_error']:.0e} | {ok} |"
+            )
+        for name, j in r["signature_jaccard"].items():
+            jaccard(label, name, j)
+    if "atlas" in res:
+        r = res["atlas"]
+        label = f"(b) atlas, {r['features']} features"
+        times("atlas", label)
+        stages = r["ratios"]["stages_wall_fp32_over_bf16"]
+        lines.append(
+            f"| {label} | stage wall time, fp32 / bf16 | | | "
+            + ", ".join(f"{k.replace('_', ' ')} {_f(v)}×" for k, v in stages.items() if r["fp32"]["stages_s"][k] >= 1)
+            + " | | |"
+        )
+        for name, j in r["jaccard"].items():
+            jaccard(label, name, j)
+    if "certificate" in res:
+        r = res["certificate"]
+        label = f"(c) certificate, N = {r['n_eval']}, {r['n_cal']} calibration windows"
+        times("certificate", label)
+        for key, name in (("bound", "fixed-pool bound U, bits"), ("bound_occam", "Occam bound, bits")):
+            d = r["difference_bf16_minus_fp32"][key]
+            ok = "yes" if abs(d) <= tol["bound_bits"] else "**no**"
+            lines.append(
+                f"| {label} | {name} | {_f(r['fp32'][key], 3)} | {_f(r['bf16'][key], 3)} | {d:+.4f} | "
+                f"≤ {tol['bound_bits']} | {ok} |"
+            )
+        for key, name in (("eta_hat", "η̂"), ("P", "pool size P")):
+            lines.append(
+                f"| {label} | {name} | {r['fp32'][key]:g} | {r['bf16'][key]:g} | "
+                f"{r['difference_bf16_minus_fp32'][key]:+g} | | |"
+            )
+    load = " → ".join(f"{x[0]:.1f}" for x in (rec["loadavg_start"], rec["loadavg_end"]))
+    lines.append(
+        f"| run | `{rec['command']}`, {rec['started_utc'][:16].replace('T', ' ')} UTC | | | {rec['wall_s'] / 60:.1f} min "
+        f"wall, {rec['cpu_s'] / 60:.1f} min CPU, peak RSS {rec['peak_rss_mb'] / 1024:.1f} GB, {rec['torch_threads']} "
+        f"threads, nice {rec['nice']}, load {load} | | |"
+    )
+    return "\n".join(lines)
+
+
 @table("certificates-n1000")
 def _certificates_n1000() -> str:
     """docs/certification.md's N = 1000 sweep, in the layout docs/certification_tables.py prints."""
@@ -328,6 +401,24 @@ def pool_curve_phrases() -> list[str]:
             f"{small['N_star_closed_form_occam']:,.0f} → {large['N_star_closed_form_occam']:,.0f}"
         )
     return out
+
+
+def bf16_phrases() -> list[str]:
+    """The figures docs/benchmarks.md quotes from docs/benchmarks/bf16.json in the prose after its table."""
+    res = json.loads((DOCS / "benchmarks" / "bf16.json").read_text(encoding="utf-8"))["results"]
+    ops, atlas, cert = res["operators"], res["atlas"], res["certificate"]
+    err = ops["operator_rel_frobenius_error"]
+    jac = ops["signature_jaccard"]
+    diff = cert["difference_bf16_minus_fp32"]
+    return [
+        f"value directions {err['value (M v)']:.1e}, key gradients {err['key (N^T k)']:.1e}",
+        f"QL_VALUE top-25 {_f(jac['QL_VALUE top-25']['mean'], 3)}",
+        f"QL_KEY top-25 {_f(jac['QL_KEY top-25']['mean'], 3)}",
+        f"top-context Jaccard {_f(atlas['jaccard']['top contexts']['mean'], 3)}",
+        f"corpus pass's fp32 / bf16 wall time {_f(atlas['ratios']['stages_wall_fp32_over_bf16']['forward_pass'])}",
+        f"{_f(atlas['fp32']['cpu_s'], 1)} s of CPU in fp32 and {_f(atlas['bf16']['cpu_s'], 1)} s in bf16",
+        f"U {diff['bound']:+.3f} bits, Occam {diff['bound_occam']:+.3f} bits",
+    ]
 
 
 def headlines() -> dict[str, list[str]]:
@@ -444,6 +535,7 @@ def headlines() -> dict[str, list[str]]:
                 f"{_f(l24['R_hat'])} | {_f(l24['eps_hat'], 3)} | **{_f(l24['bound_occam'])}** |"
             ),
         ],
+        "benchmarks.md": bf16_phrases(),
         "certification.md": [
             f"Occam {shipped} bits",
             f"(U = {' / '.join(n250[:4])} /",

@@ -64,6 +64,7 @@ from tl_query_lens.estimates import estimate
 from tl_query_lens.hooks import stop_layer
 from tl_query_lens.models import weights_fingerprint
 from tl_query_lens.paths import LOCK_NAME, check_folder, check_owned, clear_temporaries
+from tl_query_lens.precision import Precision, model_passes, use_bf16
 from tl_query_lens.presentation import Table
 from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.ranges import parse_ranges
@@ -73,6 +74,10 @@ from tl_query_lens.saes.report import SuiteQuality  # noqa: F401
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+#: Precision of the corpus pass (tl_query_lens/precision.py; the dictionaries encode in fp32 either way). The operator
+#: sweeps follow EngineConfig.sweep_dtype. docs/benchmarks.md, "bf16 where its measured accuracy holds", has the
+#: measurements behind both.
+CORPUS_PASS_PRECISION: Precision = "auto"
 #: Disk space a feature needs while building (shard JSON + JS, exports), a generous estimate for the free-space check.
 BYTES_PER_FEATURE_ESTIMATE = 40_000
 
@@ -241,6 +246,9 @@ def _fingerprint(cfg: AtlasConfig, model, dictionary: AtlasDictionary, tokens_fp
         "tokens": tokens_fp,
         "operators": ops_fp,
     }
+    # a bf16 corpus pass gets other shards; fp32 shards keep the fingerprint they had before bf16 existed
+    if use_bf16(CORPUS_PASS_PRECISION, model.cfg.device):
+        record["precision"] = "bfloat16-autocast"
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -512,14 +520,15 @@ def _forward_pass(model, units, cfg, tokens, out, progress):
     captured: dict[str, torch.Tensor] = {}
 
     def grab(act, hook):
-        captured[hook.name] = act
+        captured[hook.name] = act.float()  # the dictionaries encode in fp32 (a bf16 pass gives bf16 MLP outputs)
 
     finals = [h for h in hooks if h.startswith(("ln_final", "unembed"))]
     stop = None if finals else stop_layer(hooks)
     bar = tqdm(range(0, tokens.shape[0], cfg.batch_size), desc="atlas: forward pass", disable=not progress)
     for start in bar:
         batch = tokens[start : start + cfg.batch_size].to(model.cfg.device)
-        model.run_with_hooks(batch, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+        with model_passes(model, CORPUS_PASS_PRECISION):
+            model.run_with_hooks(batch, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
         for slug, d in dicts.items():
             acts = encode(d, captured[d.sae.cfg.metadata.hook_name])
             collectors[slug].update(

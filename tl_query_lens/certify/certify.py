@@ -41,8 +41,8 @@ from tl_query_lens.errors import InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators.engine import check_tokens
 from tl_query_lens.paths import check_folder
+from tl_query_lens.precision import model_passes
 from tl_query_lens.presentation import Table, numeric_fields
-from tl_query_lens.query_lens.evaluation import model_passes
 from tl_query_lens.results import SavableResult
 from tl_query_lens.tensor_checks import check_outputs
 

@@ -33,7 +33,9 @@ class EngineConfig:
         progress: show a progress bar per sweep.
         max_memory_gb: choose chunk from this working-memory budget in GiB (None: use chunk as given).
         sweep_dtype: run the sweeps on a copy of the model in this dtype, e.g. 'bfloat16' (operators still accumulate
-            in float32); None: the model's own dtype. A torch.dtype is accepted too and kept as its name.
+            in float32); None: the model's own dtype; 'auto': bf16 autocast where the device has bf16 units
+            (:mod:`tl_query_lens.precision`; ``TLQL_PRECISION=float32`` forces fp32), else the model's dtype
+            (sweep_autocast is then not read). Given as a name or a torch.dtype; kept as its name.
         sweep_autocast: with sweep_dtype, run the sweeps under torch.autocast on the model itself instead of a copy
             (matrix products in sweep_dtype, norms and the residual stream in the model's dtype).
     """
@@ -58,9 +60,9 @@ class EngineConfig:
         check_ranges(self)
         if self.sweep_dtype is not None and not isinstance(self.sweep_dtype, str):  # a torch.dtype: kept as its name
             self.sweep_dtype = str(self.sweep_dtype).replace("torch.", "")
-        if self.sweep_dtype is not None and self.sweep_dtype not in SWEEP_DTYPES:
+        if self.sweep_dtype is not None and self.sweep_dtype != "auto" and self.sweep_dtype not in SWEEP_DTYPES:
             raise InputError(
-                f"sweep_dtype must be one of {[f'torch.{d}' for d in SWEEP_DTYPES]} (or its name) or None, "
+                f"sweep_dtype must be one of {[f'torch.{d}' for d in SWEEP_DTYPES]} (or its name), 'auto' or None, "
                 f"not {self.sweep_dtype!r}."
             )
         if self.skip_positions < 0:

@@ -44,6 +44,7 @@ from tl_query_lens.operators import flops
 from tl_query_lens.operators.config import SWEEP_DTYPES, EngineConfig
 from tl_query_lens.operators.distributed import all_reduce_sums, world_slice
 from tl_query_lens.operators.store import OperatorSet, cache_path, check_operator, find_cached
+from tl_query_lens.precision import use_bf16
 from tl_query_lens.primitives import stop_layer
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ def _compute(
     """Run ``sweeps`` over the corpus in minibatches (sharded over torch.distributed ranks), with caching/resume."""
     skip_positions, chunk, batch_size = engine.skip_positions, engine.chunk, engine.batch_size
     cache_dir, progress, max_memory_gb = engine.cache_dir, engine.progress, engine.max_memory_gb
-    sweep_dtype, sweep_autocast = torch_dtype(engine.sweep_dtype), engine.sweep_autocast
+    sweep_dtype, sweep_autocast = sweep_precision(engine, model)
     tokens = check_tokens(model, tokens, skip_positions)
     if sweep_autocast:
         if sweep_dtype is None or sweep_dtype == model.cfg.dtype:
@@ -370,6 +371,16 @@ _SWEEP_DTYPES = tuple(getattr(torch, name) for name in SWEEP_DTYPES)
 def torch_dtype(name: str | None) -> torch.dtype | None:
     """An :class:`EngineConfig`'s ``sweep_dtype`` name as a ``torch.dtype`` (None: the model's own)."""
     return None if name is None else getattr(torch, name)
+
+
+def sweep_precision(engine: EngineConfig, model: HookedTransformer) -> tuple[torch.dtype | None, bool]:
+    """``(sweep dtype, autocast)`` of ``engine`` for ``model``: ``sweep_dtype='auto'`` is bf16 autocast on an fp32
+    model whose device has bf16 units (:func:`tl_query_lens.precision.use_bf16`), else the model's own dtype."""
+    if engine.sweep_dtype != "auto":
+        return torch_dtype(engine.sweep_dtype), engine.sweep_autocast
+    if model.cfg.dtype == torch.float32 and use_bf16("auto", model.cfg.device):
+        return torch.bfloat16, True
+    return None, False
 
 
 def _in_dtype(model, dtype: torch.dtype | None, *, check_only: bool = False):

@@ -9,7 +9,6 @@ ZO and TC baselines are computed here.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from transformer_lens import HookedTransformer
 from tl_query_lens.config import resolve_config
 from tl_query_lens.dictionaries.key_value import as_key_value
 from tl_query_lens.errors import UnknownNameError
+from tl_query_lens.precision import model_passes
 from tl_query_lens.presentation import Table
 from tl_query_lens.primitives import bootstrap_indices, mean_ci
 from tl_query_lens.query_lens.config import EvaluationConfig
@@ -36,13 +36,6 @@ from tl_query_lens.query_lens.steering import clamp_signatures, sample_continuat
 from tl_query_lens.results import SavableResult
 
 logger = logging.getLogger(__name__)
-
-
-def model_passes(model: HookedTransformer, autocast: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on the model's device where ``autocast`` (:attr:`EvaluationConfig.autocast`), else nothing."""
-    if not autocast:
-        return contextlib.nullcontext()
-    return torch.autocast(torch.device(model.cfg.device or "cpu").type, dtype=torch.bfloat16)
 
 
 # SignatureEvaluation's tensor fields and their feature axis (joined by concat, indexed by select).

@@ -29,8 +29,9 @@ from tl_query_lens.errors import CorruptFileError, InputError
 from tl_query_lens.models import dictionary_fingerprint, weights_fingerprint
 from tl_query_lens.operators.distributed import all_ranks, gathered_by_key, rank_and_world
 from tl_query_lens.paths import check_folder, result_name
+from tl_query_lens.precision import model_passes
 from tl_query_lens.query_lens.config import SIGNATURE_METHODS, Table1Config
-from tl_query_lens.query_lens.evaluation import SignatureEvaluation, evaluate_signatures, model_passes
+from tl_query_lens.query_lens.evaluation import SignatureEvaluation, evaluate_signatures
 from tl_query_lens.query_lens.lens import QueryLens
 from tl_query_lens.query_lens.max_activating import MaxActivations, max_activating_contexts
 from tl_query_lens.query_lens.protocols.paper import up_projection_key_view
