@@ -42,7 +42,6 @@ def tiny_loaders(monkeypatch):
         return tiny_tokens(model, n_seqs, seq_len)
 
     monkeypatch.setattr("tl_query_lens.corpus.load_corpus", tokens)
-    monkeypatch.setattr("tl_query_lens.dictionaries.splice.load_corpus", tokens)  # tlql ffkv's run reads it there
     return model
 
 

@@ -15,8 +15,8 @@ from jaxtyping import Int
 from sae_lens import SAE, HookedSAETransformer
 from tqdm import tqdm
 
+from tl_query_lens import corpus
 from tl_query_lens.config import check_first_positions, resolve_config
-from tl_query_lens.corpus import load_corpus
 from tl_query_lens.dictionaries.config import FFKVSummaryConfig
 from tl_query_lens.dictionaries.ffkv import FFKV
 from tl_query_lens.dictionaries.key_value import as_key_value
@@ -356,7 +356,9 @@ def run_ffkv(model: HookedSAETransformer, cfg: Any) -> FFKVSummary:
     run = cfg.run
     check_limits(dims_of(model), {"--k": (cfg.summary.k, "d_mlp")}, run.model)
     layers = parse_layers(run.layers, model.cfg.n_layers)
-    tokens = load_corpus(run.corpus, model, n_seqs=run.n_seqs, seq_len=run.seq_len, split="evaluation", seed=run.seed)
+    tokens = corpus.load_corpus(
+        run.corpus, model, n_seqs=run.n_seqs, seq_len=run.seq_len, split="evaluation", seed=run.seed
+    )
     out = Path(run.out)
     summary = FFKVSummary(k=cfg.summary.k, sparse={}, dense={})
     try:
